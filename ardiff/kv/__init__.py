@@ -1,0 +1,1 @@
+"""The KV cache: plan (pure integers), pool, tables, storage, attention, state."""

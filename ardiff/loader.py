@@ -1,0 +1,133 @@
+"""Find, build and check the pipeline a config names (DESIGN §2, Loading).
+
+An entry point is one of:
+
+- `package.module:attr`               imported from the Python path;
+- `path/to/file.py:attr`              loaded from a file, relative to the config file;
+- `name`                              registered in the `ardiff.pipelines` entry-point group.
+
+The attr is a class or factory called with the config's `args` as keyword
+arguments. Construction must be cheap; the optional `load(device, dtype)` hook
+is *not* called here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ardiff.config import PipelineConfig
+from ardiff.errors import PipelineLoadError, SpecError
+from ardiff.spec import ARDiffusionKVCacheSpec, missing_pipeline_methods
+
+ENTRY_POINT_GROUP = "ardiff.pipelines"
+
+
+def resolve_entry(entry: str, base_dir: Path) -> Any:
+    """The object (class or factory) an entry point names."""
+    module_part, sep, attr = entry.rpartition(":")
+    if not sep:
+        return _from_entry_point_group(entry)
+    if not module_part or not attr:
+        raise PipelineLoadError(f"pipeline.entry: {entry!r} is malformed; write "
+                                f"package.module:attr, path/file.py:attr or a registered name")
+    if module_part.endswith(".py"):
+        module = _import_file(module_part, base_dir)
+    else:
+        module = _import_module(module_part)
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        names = [n for n in dir(module) if not n.startswith("_")]
+        raise PipelineLoadError(f"pipeline.entry: {module_part!r} has no attribute {attr!r}; "
+                                f"it defines: {', '.join(names[:12]) or 'nothing public'}") from None
+
+
+def _import_module(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and name.startswith(exc.name):
+            raise PipelineLoadError(f"pipeline.entry: module {name!r} not found; check the "
+                                    f"spelling or install the package that provides it") from exc
+        raise PipelineLoadError(f"pipeline.entry: importing {name!r} failed: {exc}") from exc
+    except Exception as exc:
+        raise PipelineLoadError(f"pipeline.entry: importing {name!r} raised "
+                                f"{type(exc).__name__}: {exc}") from exc
+
+
+def _import_file(relative: str, base_dir: Path) -> Any:
+    path = (base_dir / relative).resolve()
+    if not path.is_file():
+        raise PipelineLoadError(f"pipeline.entry: file {str(path)!r} not found (paths are "
+                                f"relative to the config file's folder {str(base_dir)!r})")
+    # A unique, stable module name per file, so two plugins called model.py do not clash.
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
+    name = f"ardiff_plugin_{path.stem}_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise PipelineLoadError(f"pipeline.entry: running {str(path)!r} raised "
+                                f"{type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def _from_entry_point_group(name: str) -> Any:
+    found = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    if not found:
+        known = sorted(ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP))
+        raise PipelineLoadError(
+            f"pipeline.entry: {name!r} is not a registered pipeline (known: "
+            f"{', '.join(known) or 'none'}); use package.module:attr or path/file.py:attr")
+    try:
+        return found[0].load()
+    except Exception as exc:
+        raise PipelineLoadError(f"pipeline.entry: loading registered pipeline {name!r} "
+                                f"raised {type(exc).__name__}: {exc}") from exc
+
+
+def build_pipeline(config: PipelineConfig, base_dir: Path) -> Any:
+    """Build the pipeline object and check it has every protocol method."""
+    factory = resolve_entry(config.entry, base_dir)
+    if not callable(factory):
+        raise PipelineLoadError(f"pipeline.entry: {config.entry!r} is a "
+                                f"{type(factory).__name__}, not a class or factory")
+    try:
+        pipeline = factory(**config.args)
+    except Exception as exc:
+        raise PipelineLoadError(f"pipeline: constructing {config.entry!r} with args "
+                                f"{config.args!r} raised {type(exc).__name__}: {exc}") from exc
+    missing = missing_pipeline_methods(pipeline)
+    if missing:
+        raise PipelineLoadError(f"pipeline: {config.entry!r} built a {type(pipeline).__name__} "
+                                f"that lacks {', '.join(missing)}; implement "
+                                f"SupportsARDiffusionPipeline")
+    return pipeline
+
+
+def get_spec(pipeline: Any) -> ARDiffusionKVCacheSpec:
+    """Call the pipeline's spec method and check what it returns."""
+    try:
+        spec = pipeline.get_ar_diffusion_kv_cache_spec()
+    except SpecError:
+        raise
+    except Exception as exc:
+        raise PipelineLoadError(f"pipeline: get_ar_diffusion_kv_cache_spec() raised "
+                                f"{type(exc).__name__}: {exc}") from exc
+    if not isinstance(spec, ARDiffusionKVCacheSpec):
+        raise PipelineLoadError(f"pipeline: get_ar_diffusion_kv_cache_spec() returned a "
+                                f"{type(spec).__name__}; it must return an "
+                                f"ARDiffusionKVCacheSpec")
+    return spec

@@ -1,0 +1,85 @@
+"""Byte sizes as people write them (`6GiB`, `512MiB`, `1.5GB`, `0.8` of free memory)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ardiff.errors import ConfigError
+
+_UNITS = {
+    "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+_SIZE_HINT = "write bytes like 6GiB, 512MiB, 1.5GB or 1000000, or a fraction of free memory like 0.8"
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """A budget in bytes, or a fraction (0, 1] of the device memory free after `load`."""
+
+    num_bytes: int | None = None
+    fraction: float | None = None
+
+    def resolve(self, free_bytes: int) -> int:
+        """The budget in bytes, given what the device has free."""
+        if self.num_bytes is not None:
+            return self.num_bytes
+        assert self.fraction is not None
+        return int(free_bytes * self.fraction)
+
+    def __str__(self) -> str:
+        if self.num_bytes is not None:
+            return format_bytes(self.num_bytes)
+        return f"{self.fraction:g} of free memory"
+
+    @classmethod
+    def parse(cls, value: object, where: str) -> MemoryBudget:
+        """Parse a YAML/CLI value; raise `ConfigError` naming `where` and the value."""
+        if isinstance(value, MemoryBudget):
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"{where}: {value!r} is not a size; {_SIZE_HINT}")
+        if isinstance(value, int):
+            return cls(num_bytes=_positive_bytes(value, value, where))
+        if isinstance(value, float):
+            return cls._from_number(value, value, where)
+        match = _SIZE_RE.match(value)
+        if not match:
+            raise ConfigError(f"{where}: {value!r} is not a size; {_SIZE_HINT}")
+        number, unit = match.group(1), match.group(2).lower()
+        if unit == "":
+            return cls._from_number(float(number) if "." in number else int(number), value, where)
+        if unit not in _UNITS:
+            raise ConfigError(f"{where}: {value!r} has unknown unit {match.group(2)!r}; "
+                              f"use one of B, KB, MB, GB, TB, KiB, MiB, GiB, TiB")
+        return cls(num_bytes=_positive_bytes(int(float(number) * _UNITS[unit]), value, where))
+
+    @classmethod
+    def _from_number(cls, number: int | float, raw: object, where: str) -> MemoryBudget:
+        if isinstance(number, int):
+            return cls(num_bytes=_positive_bytes(number, raw, where))
+        if 0.0 < number <= 1.0:
+            return cls(fraction=number)
+        raise ConfigError(f"{where}: {raw!r} is neither a fraction in (0, 1] nor a whole "
+                          f"number of bytes; {_SIZE_HINT}")
+
+
+def _positive_bytes(num_bytes: int, raw: object, where: str) -> int:
+    if num_bytes <= 0:
+        raise ConfigError(f"{where}: {raw!r} must be more than 0 bytes; {_SIZE_HINT}")
+    return num_bytes
+
+
+def format_bytes(num_bytes: int | float) -> str:
+    """`3355443` -> `3.2MiB` (binary units, one decimal below 10)."""
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            if unit == "B":
+                return f"{int(value)}B"
+            return f"{value:.1f}{unit}" if abs(value) < 10 else f"{value:.0f}{unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

@@ -1,0 +1,1 @@
+"""The `ardiff` command line (installed as the `ardiff_cli` package)."""

@@ -1,0 +1,25 @@
+"""The `ardiff` root: a short app that registers one module per command."""
+
+from __future__ import annotations
+
+import typer
+
+from ardiff_cli import inspect_spec
+
+app = typer.Typer(
+    name="ardiff",
+    help="Run autoregressive (block-causal) video diffusion models over a paged KV cache.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("inspect-spec")(inspect_spec.inspect_spec_command)
+
+
+@app.callback()
+def _root() -> None:
+    """Exit codes: 0 ok, 1 run failed, 2 bad usage/config/spec, 3 does not fit, 130 interrupted."""
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,69 @@
+"""Rich rendering of library results. Only the CLI prints."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from ardiff.inspect import SpecReport
+from ardiff.sizes import format_bytes
+
+console = Console()
+
+
+def _table(title: str, *columns: str) -> Table:
+    table = Table(title=title, title_justify="left", show_header=bool(columns))
+    for column in columns or ("", ""):
+        table.add_column(column)
+    return table
+
+
+def print_spec_report(report: SpecReport) -> None:
+    spec, eff, plan = report.declared, report.effective, report.plan
+    geometry = _table("Geometry")
+    for name in ("num_layers", "num_kv_heads", "head_size", "tokens_per_frame",
+                 "frames_per_block", "max_model_len", "max_scratch_tokens_per_branch"):
+        geometry.add_row(name, str(getattr(spec, name)))
+    branches = _table("Branches", "name", "local_index")
+    for branch in spec.branches:
+        branches.add_row(branch.name, str(branch.local_index))
+    cross = _table("Cross-attention caches", "name", "num_tokens")
+    for cache in spec.cross_attention:
+        cross.add_row(cache.name, str(cache.num_tokens))
+    window = _table("Window", "", "declared", "effective")
+    window.add_row("window_frames", str(spec.window_frames), str(eff.window_frames))
+    window.add_row("sink_frames", str(spec.sink_frames), str(eff.sink_frames))
+    window.add_row("policy", _policy(spec.reset_at_boundary), _policy(eff.reset_at_boundary))
+    window.add_row("frames a block attends to", "", str(report.visible_frames_per_block))
+    window.add_row("frames kept per branch", "", str(plan.history_frames_per_branch))
+    console.print(geometry, branches)
+    if spec.cross_attention:
+        console.print(cross)
+    console.print(window, _memory_table(report))
+
+
+def _policy(reset_at_boundary: bool) -> str:
+    return "tumbling (reset at boundary)" if reset_at_boundary else "sliding"
+
+
+def _memory_table(report: SpecReport) -> Table:
+    plan = report.plan
+    memory = _table(f"Memory plan ({plan.dtype}, {plan.page_tokens} tokens per page)")
+    rows = [
+        ("page size", format_bytes(plan.page_bytes)),
+        ("pages per frame", str(plan.pages_per_frame)),
+        ("history pages per session", str(plan.history_pages_per_session)),
+        ("in-flight pages (shared)", str(plan.inflight_pages)),
+        ("register pages (shared)", str(plan.register_pages)),
+        ("cross-attention per session", format_bytes(plan.cross_attention_bytes_per_session)),
+        ("model-owned state per session", format_bytes(plan.model_owned_bytes_per_session)),
+        ("bytes per session", format_bytes(plan.bytes_per_session)),
+        ("shared bytes", format_bytes(plan.fixed_bytes)),
+        ("budget", format_bytes(plan.budget_bytes)),
+        ("sessions that fit", str(plan.session_capacity)),
+        ("pages allocated", str(plan.total_pages)),
+        ("bytes allocated", format_bytes(plan.total_bytes)),
+    ]
+    for name, value in rows:
+        memory.add_row(name, value)
+    return memory

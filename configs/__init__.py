@@ -1,0 +1,1 @@
+"""Run configs shipped with ardiff (installed as the `ardiff.configs` package data)."""

@@ -1,0 +1,51 @@
+"""A pipeline that only declares the KV geometry of a public model: Wan2.1-T2V-1.3B, causal.
+
+This is the geometry Self-Forcing and CausVid run (480x832 video -> 60x104
+latents, 2x2 patches -> 1560 tokens per latent frame; 30 layers of 12 heads of
+128; 3 latent frames per AR block; a 21-frame window; 512 text tokens of
+cross-attention). No weights: it exists so that `ardiff inspect-spec` can show
+what such a model costs on a given machine. `generate_block` refuses to run.
+
+    ardiff inspect-spec examples/wan_spec_only.yaml --budget 40GiB
+"""
+
+from __future__ import annotations
+
+import ardiff
+
+WAN_1_3B = dict(num_layers=30, num_kv_heads=12, head_size=128, tokens_per_frame=1560,
+                frames_per_block=3)
+TEXT_TOKENS = 512   # umT5 context length used by Wan's cross-attention
+ROPE_FRAMES = 1024  # Wan's rotary table covers 1024 positions along time
+
+
+class WanSpecOnly:
+    """Declares the Wan2.1-1.3B causal geometry; has no weights."""
+
+    def __init__(self, window_frames: int = 21, sink_frames: int = 0, cfg: bool = False,
+                 session_capacity: int = 4):
+        self.window_frames = window_frames
+        self.sink_frames = sink_frames
+        self.cfg = cfg
+        self.session_capacity = session_capacity
+
+    def get_ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
+        names = ("positive", "negative") if self.cfg else ("main",)
+        return ardiff.ARDiffusionKVCacheSpec(
+            **WAN_1_3B,
+            window_frames=self.window_frames,
+            sink_frames=self.sink_frames,
+            session_capacity=self.session_capacity,
+            max_model_len=ROPE_FRAMES,
+            branches=tuple(ardiff.ARDiffusionKVBranchSpec(name, i) for i, name in enumerate(names)),
+            cross_attention=(ardiff.ARDiffusionCrossAttentionKVSpec("text", TEXT_TOKENS),),
+        )
+
+    def generate_block(self, request, state):
+        raise NotImplementedError("WanSpecOnly declares a geometry only; it has no weights")
+
+    def reset_ar_diffusion_session(self, session_id: str) -> None:
+        pass
+
+    def close_ar_diffusion_session(self, session_id: str) -> None:
+        pass
