@@ -1,0 +1,136 @@
+"""The paged KV cache: plan + page pool + page storage + per-branch page tables.
+
+    pool pages:  [ history of session A | history of B | ... | free ]
+    a block:     allocate in-flight pages -> attend writes k/v there ->
+                 commit hands them to the page table (no copy), the window
+                 evicts whole pages back to the pool; a probe gives them back.
+
+The pool holds exactly the plan's `total_pages`; with nothing resident and no
+block open, every page is free.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ardiff.errors import KVStateError
+from ardiff.kv import attention
+from ardiff.kv.base import CacheStats, KVCacheBase
+from ardiff.kv.plan import KVPlan
+from ardiff.kv.pool import PagePool
+from ardiff.kv.storage import PagedStorage
+from ardiff.kv.table import FramePages, PageTable
+from ardiff.kv.window import WindowPolicy
+
+
+class PagedKVCache(KVCacheBase):
+    """Sessions over a fixed pool of pages sized by the plan."""
+
+    backend_name = "paged"
+
+    def __init__(self, plan: KVPlan, device: str | torch.device = "cpu",
+                 poison: bool = False) -> None:
+        super().__init__(plan, device)
+        self.pool = PagePool(plan.total_pages)
+        self.storage = PagedStorage(plan, self.device, poison)
+        self.policy = WindowPolicy.from_spec(plan.spec)
+
+    def new_branch(self, session_id: str, name: str) -> PagedBranch:
+        return PagedBranch(self, PageTable(self.policy))
+
+    def release_branch(self, branch: PagedBranch) -> None:
+        self.free_pages(branch.table.release())
+
+    def allocate_pages(self, num: int, what: str) -> list[int]:
+        page_ids = self.pool.allocate(num)
+        if page_ids is None:
+            raise KVStateError(f"page pool exhausted allocating {num} {what} pages "
+                               f"({self.pool.num_free} free of {self.pool.num_pages}); "
+                               f"more sessions or blocks are open than the plan allows")
+        return page_ids
+
+    def free_pages(self, page_ids: list[int]) -> None:
+        self.pool.free(page_ids)
+        self.storage.poison(page_ids)
+
+    def stats(self) -> CacheStats:
+        return CacheStats("paged", self.pool.num_pages, self.pool.num_used, self.pool.peak_used,
+                          self.storage.nbytes, self.cross.nbytes, len(self._sessions))
+
+
+class PagedBranch:
+    """One branch of one session: its page table."""
+
+    def __init__(self, cache: PagedKVCache, table: PageTable) -> None:
+        self.cache, self.table = cache, table
+
+    @property
+    def num_committed_frames(self) -> int:
+        return self.table.num_committed_frames
+
+    def begin(self, num_frames: int) -> PagedBlock:
+        return PagedBlock(self, num_frames)
+
+
+class PagedBlock:
+    """A block in flight: its pages, and the flat token index it reads through."""
+
+    def __init__(self, branch: PagedBranch, num_frames: int) -> None:
+        cache, plan = branch.cache, branch.cache.plan
+        self.cache, self.table, self.storage = cache, branch.table, cache.storage
+        self.start_frame = branch.table.num_committed_frames
+        self.visible_frames = branch.table.visible_frames
+        ppf = plan.pages_per_frame
+        pages = cache.allocate_pages(num_frames * ppf, "in-flight")
+        self.frames: list[FramePages] = [tuple(pages[i * ppf:(i + 1) * ppf])
+                                         for i in range(num_frames)]
+        self.register_pages = cache.allocate_pages(plan.register_pages_per_branch, "register")
+        self.block_index = self.storage.frame_token_index(self.frames)
+        # [visible history tokens | this block's tokens]: built once, read by every attend.
+        self.kv_index = torch.cat([self.storage.frame_token_index(branch.table.visible_pages),
+                                   self.block_index])
+        self._with_registers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._done = False
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
+               scale: float | None) -> torch.Tensor:
+        self.storage.write(layer, self.block_index, k, v)
+        index = self.kv_index
+        if extra_k is not None:
+            register_index, index = self._register_index(extra_k.shape[0])
+            self.storage.write(layer, register_index, extra_k, extra_v)
+        keys, values = self.storage.gather(layer, index)
+        return attention.attend(q, keys, values, scale)
+
+    def _register_index(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if num_tokens not in self._with_registers:
+            register_index = self.storage.page_token_index(self.register_pages, num_tokens)
+            self._with_registers[num_tokens] = (register_index,
+                                                torch.cat([self.kv_index, register_index]))
+        return self._with_registers[num_tokens]
+
+    def commit(self) -> None:
+        """Hand the in-flight pages to the table; free what the window evicts."""
+        self._finish(self.table.commit(self.frames))
+
+    def abort(self) -> None:
+        """Commit nothing: every in-flight page goes back to the pool."""
+        self._finish([page for pages in self.frames for page in pages])
+
+    def _finish(self, page_ids: list[int]) -> None:
+        assert not self._done, "a block is finished once"
+        self._done = True
+        self.cache.free_pages(page_ids + self.register_pages)
+
+
+def create_cache(plan: KVPlan, backend: str = "paged", device: str | torch.device = "cpu",
+                 poison: bool = False) -> KVCacheBase:
+    """The cache for `runtime.kv.backend`: `paged` (the runtime) or `dense` (the reference)."""
+    if backend == "paged":
+        return PagedKVCache(plan, device, poison)
+    if backend == "dense":
+        from ardiff.kv.dense import DenseKVCache
+
+        return DenseKVCache(plan, device)
+    raise KVStateError(f"runtime.kv.backend: {backend!r} is not a backend; use paged or dense")

@@ -1,0 +1,109 @@
+"""The dense reference backend: contiguous per-layer K/V tensors per session and branch.
+
+Written the straightforward way the research repos do it (concatenate, then
+slice to the window), with its own window arithmetic over frame indices. It
+is the oracle the paged backend is tested against and the baseline `bench`
+compares with; it is not meant to be fast or frugal.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ardiff.kv import attention
+from ardiff.kv.base import CacheStats, KVCacheBase
+
+
+class DenseKVCache(KVCacheBase):
+    backend_name = "dense"
+
+    def new_branch(self, session_id: str, name: str) -> DenseBranch:
+        return DenseBranch(self)
+
+    def release_branch(self, branch: DenseBranch) -> None:
+        branch.release()
+
+    def stats(self) -> CacheStats:
+        kv_bytes = sum(branch.nbytes for session in self._sessions.values()
+                       for branch in session.branches.values())
+        return CacheStats("dense", None, None, None, kv_bytes, self.cross.nbytes,
+                          len(self._sessions))
+
+
+class DenseBranch:
+    """History of one branch: kept frame indices and one K and V tensor per layer."""
+
+    def __init__(self, cache: DenseKVCache) -> None:
+        self.spec = cache.spec
+        self.num_committed_frames = 0
+        self.frames: list[int] = []
+        empty = lambda: torch.empty(0, self.spec.num_kv_heads, self.spec.head_size,  # noqa: E731
+                                    dtype=cache.torch_dtype, device=cache.device)
+        self.k = [empty() for _ in range(self.spec.num_layers)]
+        self.v = [empty() for _ in range(self.spec.num_layers)]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+
+    def begin(self, num_frames: int) -> DenseBlock:
+        return DenseBlock(self, num_frames)
+
+    def append(self, new_k: list[torch.Tensor], new_v: list[torch.Tensor], num_frames: int) -> None:
+        self.k = [torch.cat([old, new]) for old, new in zip(self.k, new_k)]
+        self.v = [torch.cat([old, new]) for old, new in zip(self.v, new_v)]
+        self.frames += list(range(self.num_committed_frames, self.num_committed_frames + num_frames))
+        self.num_committed_frames += num_frames
+        self._apply_window()
+
+    def _apply_window(self) -> None:
+        s = self.spec
+        sink = [f for f in self.frames if f < s.sink_frames]
+        rest = [f for f in self.frames if f >= s.sink_frames]
+        if s.reset_at_boundary:
+            rest = rest if len(rest) + s.frames_per_block <= s.window_frames else []
+        else:
+            past = max(0, s.window_frames - s.frames_per_block)
+            rest = rest[len(rest) - past:] if past else []
+        kept = sink + rest
+        if kept == self.frames:
+            return
+        where = torch.tensor([self.frames.index(f) for f in kept], dtype=torch.long,
+                             device=self.k[0].device)
+        token = torch.arange(s.tokens_per_frame, device=where.device)
+        rows = (where[:, None] * s.tokens_per_frame + token).reshape(-1)
+        self.k = [k.index_select(0, rows) for k in self.k]
+        self.v = [v.index_select(0, rows) for v in self.v]
+        self.frames = kept
+
+    def release(self) -> None:
+        self.frames = []
+        self.k = [k[:0] for k in self.k]
+        self.v = [v[:0] for v in self.v]
+        self.num_committed_frames = 0
+
+
+class DenseBlock:
+    def __init__(self, branch: DenseBranch, num_frames: int) -> None:
+        self.branch, self.num_frames = branch, num_frames
+        self.start_frame = branch.num_committed_frames
+        self.visible_frames = list(branch.frames)
+        self.new_k: dict[int, torch.Tensor] = {}
+        self.new_v: dict[int, torch.Tensor] = {}
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
+               scale: float | None) -> torch.Tensor:
+        self.new_k[layer], self.new_v[layer] = k, v
+        keys = [self.branch.k[layer], k] + ([extra_k] if extra_k is not None else [])
+        values = [self.branch.v[layer], v] + ([extra_v] if extra_v is not None else [])
+        return attention.attend(q, torch.cat(keys), torch.cat(values), scale)
+
+    def commit(self) -> None:
+        layers = range(self.branch.spec.num_layers)
+        self.branch.append([self.new_k[i] for i in layers], [self.new_v[i] for i in layers],
+                           self.num_frames)
+
+    def abort(self) -> None:
+        self.new_k.clear()
+        self.new_v.clear()

@@ -1,0 +1,223 @@
+"""The KV state API a pipeline sees (DESIGN §2), the same over every backend.
+
+    with state.block("main", commit=False) as blk:   # a probe: writes nothing to history
+        out = blk.attend(layer, q, k, v)
+    with state.block("main", commit=True) as blk:    # the commit: its K/V become history
+        ...
+
+This module checks every argument and the block lifecycle, then delegates
+storage to the backend's branch and block objects (`BranchKV`, `BlockKV`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Iterator, Protocol
+
+import torch
+
+from ardiff.errors import KVStateError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ardiff.kv.base import KVCacheBase, SessionKV
+    from ardiff.kv.cross import CrossLayers
+
+
+class BlockKV(Protocol):
+    """A backend's view of one block in flight."""
+
+    start_frame: int
+    visible_frames: list[int]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
+               scale: float | None) -> torch.Tensor: ...
+
+    def commit(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+class BranchKV(Protocol):
+    """A backend's history of one branch of one session."""
+
+    num_committed_frames: int
+
+    def begin(self, num_frames: int) -> BlockKV: ...
+
+
+class Block:
+    """One block in flight on one branch; `attend` once per layer (per probe step)."""
+
+    def __init__(self, state: KVState, branch: str, kv: BlockKV, num_frames: int,
+                 commit: bool) -> None:
+        self._state, self._kv = state, kv
+        self.branch, self.num_frames, self.is_commit = branch, num_frames, commit
+        self.attended_layers: set[int] = set()
+
+    @property
+    def start_frame(self) -> int:
+        """Absolute index of the block's first frame (its RoPE position)."""
+        return self._kv.start_frame
+
+    @property
+    def visible_frames(self) -> list[int]:
+        """Absolute indices of the history frames this block attends to."""
+        return list(self._kv.visible_frames)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               extra_k: torch.Tensor | None = None, extra_v: torch.Tensor | None = None,
+               scale: float | None = None) -> torch.Tensor:
+        """Attend q to [visible history | this block's k/v | extra]; returns [q_tokens, q_heads, hs].
+
+        q: [q_tokens, q_heads, head_size]; k, v: [num_frames * tokens_per_frame,
+        num_kv_heads, head_size]; extra_k/v: [n, num_kv_heads, head_size] register
+        tokens (never committed). Raises `KVStateError` on any mismatch.
+        """
+        self._state.check_open()
+        self._check_layer(layer)
+        checks = self._state.checks
+        checks.query(layer, q)
+        expected = self.num_frames * self._state.spec.tokens_per_frame
+        checks.kv(layer, "k", k, expected, "num_frames * tokens_per_frame")
+        checks.kv(layer, "v", v, expected, "num_frames * tokens_per_frame")
+        checks.extra(layer, extra_k, extra_v)
+        self.attended_layers.add(layer)
+        return self._kv.attend(layer, q, k, v, extra_k, extra_v, scale)
+
+    def _check_layer(self, layer: int) -> None:
+        num_layers = self._state.spec.num_layers
+        if not (isinstance(layer, int) and 0 <= layer < num_layers):
+            raise KVStateError(f"attend: layer {layer!r} is out of range 0..{num_layers - 1}")
+        if self.is_commit and layer in self.attended_layers:
+            raise KVStateError(f"attend: layer {layer} attended twice in one commit block of "
+                               f"branch {self.branch!r}; a commit calls attend once per layer")
+
+    def check_complete(self) -> None:
+        missing = sorted(set(range(self._state.spec.num_layers)) - self.attended_layers)
+        if missing:
+            raise KVStateError(f"commit block of branch {self.branch!r} ended without attending "
+                               f"layers {missing}; a commit must attend every layer once")
+
+
+class TensorChecks:
+    """Shape, dtype and device checks of the tensors a pipeline passes in."""
+
+    def __init__(self, spec, dtype: torch.dtype, device: torch.device) -> None:
+        self.spec, self.dtype, self.device = spec, dtype, device
+
+    def tensor(self, layer: int, label: str, t: object) -> torch.Tensor:
+        if not isinstance(t, torch.Tensor):
+            raise KVStateError(f"attend(layer={layer}): {label} is a {type(t).__name__}, "
+                               f"expected a torch.Tensor")
+        if t.dtype != self.dtype:
+            raise KVStateError(f"attend(layer={layer}): {label} is {t.dtype}; expected "
+                               f"{self.dtype} (the runtime dtype)")
+        if t.device.type != self.device.type or (
+                self.device.index is not None and t.device.index != self.device.index):
+            raise KVStateError(f"attend(layer={layer}): {label} is on {t.device}; expected "
+                               f"{self.device}")
+        return t
+
+    def query(self, layer: int, q: object) -> None:
+        q = self.tensor(layer, "q", q)
+        heads, hs = self.spec.num_kv_heads, self.spec.head_size
+        if q.dim() != 3 or q.shape[0] == 0 or q.shape[2] != hs or q.shape[1] % heads:
+            raise KVStateError(f"attend(layer={layer}): q has shape {tuple(q.shape)}; expected "
+                               f"[q_tokens > 0, q_heads (a multiple of num_kv_heads={heads}), "
+                               f"head_size={hs}]")
+
+    def kv(self, layer: int, label: str, t: object, tokens: int, what: str) -> None:
+        t = self.tensor(layer, label, t)
+        expected = (tokens, self.spec.num_kv_heads, self.spec.head_size)
+        if tuple(t.shape) != expected:
+            raise KVStateError(f"attend(layer={layer}): {label} has shape {tuple(t.shape)}; "
+                               f"expected [{what}, num_kv_heads, head_size] = {expected}")
+
+    def extra(self, layer: int, extra_k: object, extra_v: object) -> None:
+        if extra_k is None and extra_v is None:
+            return
+        if extra_k is None or extra_v is None:
+            raise KVStateError(f"attend(layer={layer}): pass both extra_k and extra_v or neither")
+        limit = self.spec.max_scratch_tokens_per_branch
+        n = extra_k.shape[0] if isinstance(extra_k, torch.Tensor) else -1
+        if not 1 <= n <= limit:
+            raise KVStateError(f"attend(layer={layer}): {n} register tokens passed; the spec "
+                               f"allows 1..max_scratch_tokens_per_branch={limit}")
+        self.kv(layer, "extra_k", extra_k, n, "n")
+        self.kv(layer, "extra_v", extra_v, n, "n")
+
+
+class KVState:
+    """A pipeline's handle on one session's KV, valid only while bound (DESIGN §2)."""
+
+    def __init__(self, cache: KVCacheBase, session: SessionKV) -> None:
+        self._cache, self._session = cache, session
+        self.session_id = session.session_id
+        self.spec = cache.spec
+        self.checks = TensorChecks(cache.spec, cache.torch_dtype, cache.device)
+        self._closed = False
+
+    def close(self) -> None:
+        """End the bind; any later use raises. Safe to call twice."""
+        self._closed = True
+
+    def check_open(self) -> None:
+        if self._closed or self._session.is_released:
+            raise KVStateError(f"KV state of session {self.session_id!r} used after its bind "
+                               f"ended or the session was released; use the state passed to "
+                               f"this generate_block call")
+
+    def num_committed_frames(self, branch: str) -> int:
+        """Frames committed on `branch` so far: the absolute position of the next frame."""
+        self.check_open()
+        return self._session.branch(branch).num_committed_frames
+
+    @contextlib.contextmanager
+    def block(self, branch: str, commit: bool = False,
+              num_frames: int | None = None) -> Iterator[Block]:
+        """Open a block on `branch`; with `commit=True` its K/V become history on a clean exit."""
+        self.check_open()
+        num_frames = self._check_num_frames(num_frames)
+        slot = self._session.claim_slot(branch)
+        self._cache.open_slot(slot, branch)
+        try:
+            kv = self._session.branch(branch).begin(num_frames)
+            blk = Block(self, branch, kv, num_frames, commit)
+            try:
+                yield blk
+                if commit:
+                    blk.check_complete()
+            except BaseException:
+                kv.abort()
+                raise
+            kv.commit() if commit else kv.abort()
+        finally:
+            self._cache.close_slot(slot)
+
+    def _check_num_frames(self, num_frames: int | None) -> int:
+        limit = self.spec.frames_per_block
+        if num_frames is None:
+            return limit
+        if not (isinstance(num_frames, int) and 1 <= num_frames <= limit):
+            raise KVStateError(f"block: num_frames={num_frames!r} is out of range "
+                               f"1..frames_per_block={limit}")
+        return num_frames
+
+    def cross_kv(self, branch: str, name: str) -> CrossLayers | None:
+        """The (k, v) per layer stored for `name` on `branch`, or None if not set."""
+        self.check_open()
+        self._session.check_branch(branch)
+        return self._cache.cross.get(self.session_id, branch, name)
+
+    def set_cross_kv(self, branch: str, name: str, layers: CrossLayers) -> None:
+        """Store `[L, heads, head_size]` (k, v) for every layer; all or nothing."""
+        self.check_open()
+        self._session.claim_slot(branch)
+        self._cache.cross.set(self.session_id, branch, name, layers)
+
+    def clear_cross_kv(self, branch: str, names: list[str] | None = None) -> None:
+        """Drop cross-attention K/V (e.g. on a prompt switch); history stays."""
+        self.check_open()
+        self._session.check_branch(branch)
+        self._cache.cross.clear(self.session_id, branch, names)
