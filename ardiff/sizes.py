@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 
 from ardiff.errors import ConfigError
 
@@ -55,7 +56,8 @@ class MemoryBudget:
         if unit not in _UNITS:
             raise ConfigError(f"{where}: {value!r} has unknown unit {match.group(2)!r}; "
                               f"use one of B, KB, MB, GB, TB, KiB, MiB, GiB, TiB")
-        return cls(num_bytes=_positive_bytes(int(float(number) * _UNITS[unit]), value, where))
+        # Decimal, not float: 2.01KB is 2010 bytes, not 2009.
+        return cls(num_bytes=_positive_bytes(int(Decimal(number) * _UNITS[unit]), value, where))
 
     @classmethod
     def _from_number(cls, number: int | float, raw: object, where: str) -> MemoryBudget:

@@ -97,8 +97,11 @@ class ARDiffusionKVCacheSpec:
 
     def __post_init__(self) -> None:
         # Accept lists from callers; store tuples so the spec stays hashable.
-        object.__setattr__(self, "branches", tuple(self.branches))
-        object.__setattr__(self, "cross_attention", tuple(self.cross_attention))
+        for name, item_type in (("branches", "ARDiffusionKVBranchSpec"),
+                                ("cross_attention", "ARDiffusionCrossAttentionKVSpec")):
+            value = getattr(self, name)
+            _require(isinstance(value, (list, tuple)), name, value, f"a list of {item_type}")
+            object.__setattr__(self, name, tuple(value))
         for name in ("num_layers", "num_kv_heads", "head_size", "tokens_per_frame",
                      "frames_per_block", "window_frames", "session_capacity", "max_model_len"):
             _require_int(getattr(self, name), name, 1)

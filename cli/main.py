@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ardiff_cli import inspect_spec
+from ardiff_cli import inspect_spec, warmup
 
 app = typer.Typer(
     name="ardiff",
@@ -14,6 +14,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("inspect-spec")(inspect_spec.inspect_spec_command)
+app.command("warmup")(warmup.warmup_command)
 
 
 @app.callback()

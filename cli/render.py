@@ -67,3 +67,37 @@ def _memory_table(report: SpecReport) -> Table:
     for name, value in rows:
         memory.add_row(name, value)
     return memory
+
+
+def warmup_summary(runner, report) -> dict:
+    """Plain data for `ardiff warmup` (also its `--json`)."""
+    stats = runner.cache.stats()
+    return {
+        "status": "skipped" if report.skipped_reason else "ok",
+        "skipped_reason": report.skipped_reason,
+        "latencies_s": [round(x, 6) for x in report.latencies_s],
+        "total_s": round(report.total_s, 6),
+        "pages_in_use_before": report.pages_in_use_before,
+        "pages_in_use_after": report.pages_in_use_after,
+        "leaked_pages": report.leaked_pages,
+        "pages_total": stats.pages_total,
+        "kv_bytes_allocated": stats.kv_bytes_allocated,
+        "session_capacity": runner.plan.session_capacity,
+        "backend": stats.backend,
+    }
+
+
+def print_warmup(summary: dict) -> None:
+    table = _table("Warmup", "request", "latency")
+    for i, latency in enumerate(summary["latencies_s"]):
+        table.add_row(str(i), f"{latency * 1000:.1f} ms")
+    totals = _table("")
+    totals.add_row("total", f"{summary['total_s']:.3f} s")
+    totals.add_row("pages in use before / after",
+                   f"{summary['pages_in_use_before']} / {summary['pages_in_use_after']}")
+    totals.add_row("pages allocated", str(summary["pages_total"]))
+    totals.add_row("KV bytes allocated", format_bytes(summary["kv_bytes_allocated"]))
+    totals.add_row("sessions that fit", str(summary["session_capacity"]))
+    if summary["latencies_s"]:
+        console.print(table)
+    console.print(totals)

@@ -132,10 +132,20 @@ def make_plan(spec: ARDiffusionKVCacheSpec, dtype: str, dtype_bytes: int, budget
     limit = spec.session_capacity if max_sessions is None else min(spec.session_capacity,
                                                                    max_sessions)
     plan = KVPlan(spec, dtype, dtype_bytes, page_tokens, budget_bytes, limit, stores_registers)
-    fits = (budget_bytes - plan.fixed_bytes) // plan.bytes_per_session
+    fits = _sessions_that_fit(plan)
     if fits < 1:
         raise CapacityError(_shortfall_message(plan))
     return dataclasses.replace(plan, session_capacity=min(limit, fits))
+
+
+def _sessions_that_fit(plan: KVPlan) -> int:
+    """Sessions the budget holds beside the shared pages, ignoring the session cap."""
+    room = plan.budget_bytes - plan.fixed_bytes
+    if room < 0:
+        return 0
+    if plan.bytes_per_session == 0:  # S = 0, W <= B and no cross or model state: free sessions
+        return plan.session_capacity
+    return room // plan.bytes_per_session
 
 
 def _shortfall_message(plan: KVPlan) -> str:

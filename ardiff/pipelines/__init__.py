@@ -1,0 +1,1 @@
+"""Reference pipelines that ship with ardiff (registered in the `ardiff.pipelines` group)."""

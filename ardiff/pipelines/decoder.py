@@ -1,0 +1,43 @@
+"""A small latent-to-RGB decoder with per-session temporal state (model-owned state).
+
+Each latent frame is decoded together with the previous one of the same
+session (a causal temporal context, like the streaming VAE decoders of the
+research models), so the decoder keeps the last latent frame per session.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+STATE_DTYPE = torch.float32
+
+
+class LatentDecoder(nn.Module):
+    """[F, C, h, w] latents (+ the previous latent frame) -> [F, h*up, w*up, 3] uint8."""
+
+    def __init__(self, latent_channels: int, upscale: int, hidden: int = 32) -> None:
+        super().__init__()
+        self.latent_channels = latent_channels
+        self.inp = nn.Conv2d(2 * latent_channels, hidden, 3, padding=1)
+        self.up = nn.Upsample(scale_factor=upscale, mode="bilinear", align_corners=False)
+        self.mid = nn.Conv2d(hidden, hidden, 3, padding=1)
+        self.rgb = nn.Conv2d(hidden, 3, 3, padding=1)
+
+    @staticmethod
+    def state_bytes(latent_channels: int, latent_size: int) -> int:
+        """Bytes of one session's decoder state: the last latent frame, in STATE_DTYPE."""
+        return latent_channels * latent_size * latent_size * STATE_DTYPE.itemsize
+
+    def forward(self, latents: torch.Tensor,
+                previous: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode a block; returns (frames uint8 [F, H, W, 3], new state [C, h, w])."""
+        z = latents.to(STATE_DTYPE)
+        first = z[:1] if previous is None else previous[None]
+        context = torch.cat([first, z[:-1]])  # each frame's previous latent frame
+        weight_dtype = self.inp.weight.dtype
+        h = torch.cat([z, context], dim=1).to(weight_dtype)
+        h = self.up(torch.nn.functional.gelu(self.inp(h)))
+        rgb = torch.tanh(self.rgb(torch.nn.functional.gelu(self.mid(h))).float())
+        frames = ((rgb + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)
+        return frames.permute(0, 2, 3, 1).contiguous(), z[-1].clone()

@@ -1,0 +1,46 @@
+"""`ardiff warmup CONFIG`: load, plan, run the pipeline's warmup requests, check every page came back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from ardiff.config import load_config
+from ardiff.errors import WarmupError
+from ardiff_cli import options, render
+from ardiff_cli.errors import handle_errors
+
+
+def warmup_command(
+    config: Path = options.ConfigArg,
+    device: str = options.DeviceOpt,
+    dtype: str = options.DtypeOpt,
+    budget: str = options.BudgetOpt,
+    overrides: options.OverrideList = options.SetOpt,
+    as_json: bool = options.JsonOpt,
+    debug: bool = options.DebugOpt,
+) -> None:
+    """Run the pipeline's warmup requests and check that every KV page came back."""
+    from ardiff.runner import Runner  # imports torch: only when the command runs
+
+    with handle_errors(debug):
+        flags = options.flag_overrides(**{"runtime.device": device, "runtime.dtype": dtype,
+                                          "runtime.memory_budget": budget})
+        runner = Runner.from_config(load_config(config, [*(overrides or []), *flags]))
+        try:
+            report = runner.warmup()
+        finally:
+            runner.close()
+        summary = render.warmup_summary(runner, report)
+        if as_json:
+            print(json.dumps(summary, indent=2))
+        else:
+            render.print_warmup(summary)
+        if report.leaked_pages:
+            raise WarmupError(f"warmup leaked {report.leaked_pages} KV pages (in use "
+                              f"{report.pages_in_use_before} before, {report.pages_in_use_after} "
+                              f"after); the pipeline or ardiff holds pages it should give back")
+        if report.skipped_reason and not as_json:
+            typer.echo(f"warmup skipped: {report.skipped_reason}", err=True)

@@ -1,0 +1,32 @@
+"""Shared fixtures. tests/fixtures goes on sys.path so `pipelines:Name` entries import."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+FIXTURES_DIR = Path(__file__).parent / "fixtures"
+PIPELINES_FILE = FIXTURES_DIR / "pipelines.py"
+sys.path.insert(0, str(FIXTURES_DIR))
+
+
+@pytest.fixture
+def pipelines_file() -> Path:
+    """Absolute path of the fixture pipelines, for `file.py:attr` entries."""
+    return PIPELINES_FILE
+
+
+@pytest.fixture
+def write_config(tmp_path):
+    """`write_config(text, name="run.yaml") -> Path`: dedented YAML written under tmp_path."""
+
+    def write(text: str, name: str = "run.yaml") -> Path:
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    return write

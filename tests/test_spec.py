@@ -1,0 +1,249 @@
+"""ardiff/spec.py: every validation rule, the derived properties, overrides and protocols."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+from pipelines import TINY_SPEC, GoodPipeline, MissingMethodsPipeline
+
+from ardiff.errors import ConfigError, SpecError
+from ardiff.spec import ARDiffusionCrossAttentionKVSpec as Cross
+from ardiff.spec import ARDiffusionKVBranchSpec as Branch
+from ardiff.spec import ARDiffusionKVCacheSpec as Spec
+from ardiff.spec import (SupportsARDiffusionPipeline, apply_overrides, missing_pipeline_methods,
+                         spec_to_dict)
+
+
+def make(**changes) -> Spec:
+    return Spec(**{**TINY_SPEC, **changes})
+
+
+def raises(message: str):
+    """pytest.raises(SpecError) whose message must contain `message` literally."""
+    return pytest.raises(SpecError, match=re.escape(message))
+
+
+# ---- scalar fields -------------------------------------------------------------------------
+
+POSITIVE = ("num_layers", "num_kv_heads", "head_size", "tokens_per_frame", "frames_per_block",
+            "window_frames", "session_capacity", "max_model_len")
+NON_NEGATIVE = ("sink_frames", "max_scratch_tokens_per_branch",
+                "model_owned_state_bytes_per_session")
+
+
+@pytest.mark.parametrize("name", POSITIVE)
+@pytest.mark.parametrize("value", [0, -3])
+def test_positive_fields_reject_zero_and_negative(name, value):
+    with raises(f"spec.{name}: {value} is invalid; it must be an integer > 0"):
+        make(**{name: value})
+
+
+@pytest.mark.parametrize("name", NON_NEGATIVE)
+def test_non_negative_fields_accept_zero_and_reject_negative(name):
+    assert getattr(make(**{name: 0}), name) == 0
+    with raises(f"spec.{name}: -1 is invalid; it must be an integer >= 0"):
+        make(**{name: -1})
+
+
+@pytest.mark.parametrize("name", POSITIVE + NON_NEGATIVE)
+@pytest.mark.parametrize("value", [True, 2.0, "2", None])
+def test_integer_fields_reject_bools_floats_strings_and_none(name, value):
+    with raises(f"spec.{name}: {value!r} is invalid; it must be an integer"):
+        make(**{name: value})
+
+
+def test_reset_at_boundary_must_be_a_bool():
+    assert make(reset_at_boundary=True).reset_at_boundary is True
+    with raises("spec.reset_at_boundary: 1 is invalid; it must be true or false"):
+        make(reset_at_boundary=1)
+
+
+def test_defaults_of_the_seed_design():
+    spec = Spec(num_layers=1, num_kv_heads=1, head_size=1, tokens_per_frame=1,
+                frames_per_block=1, window_frames=1)
+    assert (spec.sink_frames, spec.reset_at_boundary, spec.session_capacity) == (0, False, 1)
+    assert spec.max_model_len == 1_000_000
+    assert spec.branches == (Branch("main", 0),)
+    assert spec.cross_attention == ()
+    assert (spec.max_scratch_tokens_per_branch, spec.model_owned_state_bytes_per_session) == (0, 0)
+
+
+def test_spec_errors_are_config_errors_with_exit_code_2():
+    with pytest.raises(ConfigError) as info:
+        make(num_layers=0)
+    assert info.value.exit_code == 2
+
+
+# ---- branches ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["", "   ", None, 3])
+def test_branch_name_must_be_a_non_empty_string(name):
+    with raises(f"spec.branches[].name: {name!r} is invalid; it must be a non-empty string"):
+        Branch(name, 0)
+
+
+@pytest.mark.parametrize("index", [-1, True, 0.0])
+def test_branch_local_index_must_be_a_non_negative_int(index):
+    with raises(f"spec.branches[cfg].local_index: {index!r} is invalid; "
+                f"it must be an integer >= 0"):
+        Branch("cfg", index)
+
+
+def test_at_least_one_branch():
+    with raises("spec.branches: [] is invalid; it must be at least one branch"):
+        make(branches=())
+
+
+def test_branch_names_are_unique():
+    with raises("spec.branches: ['main', 'main'] is invalid; it must be unique branch names"):
+        make(branches=(Branch("main", 0), Branch("main", 1)))
+
+
+def test_branches_must_be_branch_specs():
+    with raises("spec.branches: 'main' is invalid; "
+                "it must be a list of ARDiffusionKVBranchSpec"):
+        make(branches=("main",))
+
+
+@pytest.mark.parametrize("value", [Branch("main", 0), None, "main"])
+def test_branches_must_be_a_list(value):
+    with raises(f"spec.branches: {value!r} is invalid; "
+                f"it must be a list of ARDiffusionKVBranchSpec"):
+        make(branches=value)
+
+
+def test_local_indices_may_repeat_but_must_cover_zero_to_max():
+    shared = make(branches=(Branch("positive", 0), Branch("negative", 0)))
+    assert shared.num_local_kv_branches == 1
+    assert shared.num_logical_branches == 2
+    three = make(branches=(Branch("a", 1), Branch("b", 0), Branch("c", 1)))
+    assert (three.num_local_kv_branches, three.num_logical_branches) == (2, 3)
+
+
+@pytest.mark.parametrize("indices, shown", [
+    ((1,), "[1]"), ((0, 2), "[0, 2]"), ((0, 0, 3), "[0, 3]")])
+def test_local_indices_with_a_gap_are_rejected(indices, shown):
+    branches = tuple(Branch(f"b{i}", index) for i, index in enumerate(indices))
+    with raises(f"spec.branches[].local_index: {shown} is invalid; it must be exactly 0..max "
+                f"with no gap"):
+        make(branches=branches)
+
+
+def test_get_branch():
+    spec = make(branches=[Branch("positive", 0), Branch("negative", 1)])
+    assert spec.get_branch("negative") == Branch("negative", 1)
+    with raises("branch 'main' is not declared by the spec; declared: positive, negative"):
+        spec.get_branch("main")
+
+
+# ---- cross-attention -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["", " ", None])
+def test_cross_attention_name_must_be_a_non_empty_string(name):
+    with raises(f"spec.cross_attention[].name: {name!r} is invalid; it must be a non-empty string"):
+        Cross(name, 4)
+
+
+@pytest.mark.parametrize("num_tokens", [0, -1, True, 4.0])
+def test_cross_attention_num_tokens_must_be_positive(num_tokens):
+    with raises(f"spec.cross_attention[text].num_tokens: {num_tokens!r} is invalid; "
+                f"it must be an integer > 0"):
+        Cross("text", num_tokens)
+
+
+def test_cross_attention_names_are_unique():
+    with raises("spec.cross_attention: ['text', 'text'] is invalid; "
+                "it must be unique cross-attention names"):
+        make(cross_attention=(Cross("text", 4), Cross("text", 8)))
+
+
+def test_cross_attention_must_be_cross_attention_specs():
+    with raises("spec.cross_attention: ('text', 4) is invalid; "
+                "it must be a list of ARDiffusionCrossAttentionKVSpec"):
+        make(cross_attention=[("text", 4)])
+
+
+@pytest.mark.parametrize("value", [Cross("text", 4), None])
+def test_cross_attention_must_be_a_list(value):
+    with raises(f"spec.cross_attention: {value!r} is invalid; "
+                f"it must be a list of ARDiffusionCrossAttentionKVSpec"):
+        make(cross_attention=value)
+
+
+def test_cross_attention_lengths():
+    assert make().cross_attention_lengths == {}
+    spec = make(cross_attention=[Cross("text", 512), Cross("image", 257)])
+    assert spec.cross_attention_lengths == {"text": 512, "image": 257}
+    assert list(spec.cross_attention_lengths) == ["text", "image"]  # declaration order
+
+
+# ---- derived values, immutability ----------------------------------------------------------
+
+def test_num_local_kv_branches():
+    assert make().num_local_kv_branches == 1
+    assert make(branches=[Branch("positive", 0), Branch("negative", 1)]).num_local_kv_branches == 2
+
+
+@pytest.mark.parametrize("sink, window, block, kept", [
+    (0, 6, 2, 4),   # 0 + (6 - 2)
+    (2, 6, 2, 6),   # 2 + (6 - 2)
+    (1, 2, 2, 1),   # the window is the block: only the sink is kept
+    (1, 1, 2, 1),   # a window smaller than the block keeps no past: max(0, 1 - 2) = 0
+])
+def test_history_frames_per_branch(sink, window, block, kept):
+    spec = make(sink_frames=sink, window_frames=window, frames_per_block=block)
+    assert spec.history_frames_per_branch == kept
+
+
+def test_specs_are_frozen():
+    spec = make()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.window_frames = 7
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Branch().name = "other"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Cross("text", 4).num_tokens = 5
+
+
+def test_lists_are_stored_as_tuples_so_specs_are_hashable():
+    spec = make(branches=[Branch("main", 0)], cross_attention=[Cross("text", 4)])
+    assert isinstance(spec.branches, tuple) and isinstance(spec.cross_attention, tuple)
+    same = make(branches=(Branch("main", 0),), cross_attention=(Cross("text", 4),))
+    assert spec == same and hash(spec) == hash(same)
+
+
+def test_spec_to_dict_has_every_field():
+    spec = make(cross_attention=[Cross("text", 8)])
+    data = spec_to_dict(spec)
+    assert set(data) == {f.name for f in dataclasses.fields(Spec)}
+    assert data["branches"] == [{"name": "main", "local_index": 0}]
+    assert data["cross_attention"] == [{"name": "text", "num_tokens": 8}]
+    assert data["window_frames"] == 5 and data["sink_frames"] == 1
+
+
+# ---- runtime overrides ---------------------------------------------------------------------
+
+def test_apply_overrides_replaces_values_including_zero():
+    spec = make(window_frames=5, sink_frames=1)
+    assert apply_overrides(spec) is spec
+    effective = apply_overrides(spec, window_frames=9, sink_frames=0)
+    assert (effective.window_frames, effective.sink_frames) == (9, 0)
+    assert (spec.window_frames, spec.sink_frames) == (5, 1)
+
+
+def test_apply_overrides_validates_the_result():
+    with raises("spec.sink_frames: -1 is invalid; it must be an integer >= 0"):
+        apply_overrides(make(), sink_frames=-1)
+
+
+# ---- protocols -----------------------------------------------------------------------------
+
+def test_missing_pipeline_methods():
+    assert missing_pipeline_methods(GoodPipeline()) == []
+    assert isinstance(GoodPipeline(), SupportsARDiffusionPipeline)
+    assert missing_pipeline_methods(MissingMethodsPipeline()) == [
+        "generate_block", "close_ar_diffusion_session"]
+    assert not isinstance(MissingMethodsPipeline(), SupportsARDiffusionPipeline)
+
