@@ -1,4 +1,4 @@
-"""Shared fixtures. tests/fixtures goes on sys.path so `pipelines:Name` entries import."""
+"""Shared fixtures. tests/fixtures goes on sys.path so `spec_pipelines:Name` entries import."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 FIXTURES_DIR = Path(__file__).parent / "fixtures"
-PIPELINES_FILE = FIXTURES_DIR / "pipelines.py"
+PIPELINES_FILE = FIXTURES_DIR / "spec_pipelines.py"
 sys.path.insert(0, str(FIXTURES_DIR))
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ardiff.config import (KVConfig, MemoryBudget, RunConfig, RuntimeConfig, apply_override,
-                           build_config, load_config)
+from ardiff.config import KVConfig, RuntimeConfig, apply_override, build_config, load_config
 from ardiff.errors import ConfigError
+from ardiff.sizes import MemoryBudget
 
 MINIMAL = {"pipeline": {"entry": "pkg.mod:Pipe"}}
 

@@ -34,14 +34,14 @@ def write_module(directory, name: str, source: str) -> None:
 # ---- the three kinds of entry point --------------------------------------------------------
 
 def test_module_entry_builds_with_args_as_keywords():
-    pipeline = build("pipelines:GoodPipeline", window_frames=7)
+    pipeline = build("spec_pipelines:GoodPipeline", window_frames=7)
     spec = get_spec(pipeline)
     assert isinstance(spec, ARDiffusionKVCacheSpec)
     assert spec.window_frames == 7 and spec.num_layers == 2
 
 
 def test_a_factory_function_is_an_entry_too():
-    pipeline = build("pipelines:make_good_pipeline", branches=["positive", "negative"])
+    pipeline = build("spec_pipelines:make_good_pipeline", branches=["positive", "negative"])
     assert [b.name for b in get_spec(pipeline).branches] == ["positive", "negative"]
 
 
@@ -82,13 +82,15 @@ def fake_entry_points(*entries: tuple[str, str]):
 
 
 def test_registered_name(monkeypatch):
-    monkeypatch.setattr(loader, "metadata", fake_entry_points(("tiny", "pipelines:GoodPipeline")))
+    registered = fake_entry_points(("tiny", "spec_pipelines:GoodPipeline"))
+    monkeypatch.setattr(loader, "metadata", registered)
     assert get_spec(build("tiny", window_frames=3)).window_frames == 3
 
 
 def test_unregistered_name(monkeypatch):
-    monkeypatch.setattr(loader, "metadata", fake_entry_points(("tiny", "pipelines:GoodPipeline"),
-                                                              ("wan", "pipelines:GoodPipeline")))
+    registered = fake_entry_points(("tiny", "spec_pipelines:GoodPipeline"),
+                                   ("wan", "spec_pipelines:GoodPipeline"))
+    monkeypatch.setattr(loader, "metadata", registered)
     with raises("pipeline.entry: 'tinny' is not a registered pipeline (known: tiny, wan); "
                 "use package.module:attr or path/file.py:attr"):
         build("tinny")
@@ -109,14 +111,14 @@ def test_registered_name_that_fails_to_load(monkeypatch):
 
 # ---- entry points that cannot be resolved --------------------------------------------------
 
-@pytest.mark.parametrize("entry", [":GoodPipeline", "pipelines:", "models.py:"])
+@pytest.mark.parametrize("entry", [":GoodPipeline", "spec_pipelines:", "models.py:"])
 def test_malformed_entry(entry):
     with raises(f"pipeline.entry: {entry!r} is malformed; write package.module:attr, "
                 f"path/file.py:attr or a registered name"):
         build(entry)
 
 
-@pytest.mark.parametrize("module", ["ardiff_no_such_module_xyz", "pipelines.sub"])
+@pytest.mark.parametrize("module", ["ardiff_no_such_module_xyz", "spec_pipelines.sub"])
 def test_module_not_found(module):
     with raises(f"pipeline.entry: module {module!r} not found; check the spelling or install "
                 f"the package that provides it"):
@@ -156,10 +158,10 @@ def test_file_that_raises_is_not_cached(tmp_path):
 
 
 def test_attribute_missing_lists_what_the_module_defines():
-    with raises("pipeline.entry: 'pipelines' has no attribute 'GoodPipelin'; it defines: "):
-        build("pipelines:GoodPipelin")
+    with raises("pipeline.entry: 'spec_pipelines' has no attribute 'GoodPipelin'; it defines: "):
+        build("spec_pipelines:GoodPipelin")
     with pytest.raises(PipelineLoadError, match="GoodPipeline"):
-        build("pipelines:GoodPipelin")
+        build("spec_pipelines:GoodPipelin")
 
 
 def test_attribute_missing_from_a_file(pipelines_file):
@@ -168,35 +170,35 @@ def test_attribute_missing_from_a_file(pipelines_file):
 
 
 def test_entry_that_is_not_callable():
-    with raises("pipeline.entry: 'pipelines:NOT_CALLABLE' is a int, not a class or factory"):
-        build("pipelines:NOT_CALLABLE")
+    with raises("pipeline.entry: 'spec_pipelines:NOT_CALLABLE' is a int, not a class or factory"):
+        build("spec_pipelines:NOT_CALLABLE")
 
 
 # ---- building and checking the pipeline ----------------------------------------------------
 
 def test_constructor_raising_keeps_the_cause():
-    with raises("pipeline: constructing 'pipelines:ConstructorRaisesPipeline' with args "
+    with raises("pipeline: constructing 'spec_pipelines:ConstructorRaisesPipeline' with args "
                 "{'width': 64} raised ValueError: no such checkpoint: "
                 "/nowhere.safetensors") as info:
-        build("pipelines:ConstructorRaisesPipeline", width=64)
+        build("spec_pipelines:ConstructorRaisesPipeline", width=64)
     assert isinstance(info.value.__cause__, ValueError)
 
 
 def test_constructor_given_an_unknown_arg():
-    with raises("pipeline: constructing 'pipelines:MissingMethodsPipeline' with args "
+    with raises("pipeline: constructing 'spec_pipelines:MissingMethodsPipeline' with args "
                 "{'bogus': 1} raised TypeError: MissingMethodsPipeline() takes no arguments"):
-        build("pipelines:MissingMethodsPipeline", bogus=1)
+        build("spec_pipelines:MissingMethodsPipeline", bogus=1)
 
 
 def test_missing_protocol_methods_are_listed():
-    with raises("pipeline: 'pipelines:MissingMethodsPipeline' built a MissingMethodsPipeline "
+    with raises("pipeline: 'spec_pipelines:MissingMethodsPipeline' built a MissingMethodsPipeline "
                 "that lacks generate_block, close_ar_diffusion_session; implement "
                 "SupportsARDiffusionPipeline"):
-        build("pipelines:MissingMethodsPipeline")
+        build("spec_pipelines:MissingMethodsPipeline")
 
 
 def test_spec_method_raising_keeps_the_cause():
-    pipeline = build("pipelines:SpecRaisesPipeline")
+    pipeline = build("spec_pipelines:SpecRaisesPipeline")
     with raises("pipeline: get_ar_diffusion_kv_cache_spec() raised RuntimeError: "
                 "geometry unknown before load") as info:
         get_spec(pipeline)
@@ -206,12 +208,12 @@ def test_spec_method_raising_keeps_the_cause():
 def test_spec_method_returning_a_wrong_type():
     with raises("pipeline: get_ar_diffusion_kv_cache_spec() returned a dict; it must return an "
                 "ARDiffusionKVCacheSpec"):
-        get_spec(build("pipelines:WrongSpecTypePipeline"))
+        get_spec(build("spec_pipelines:WrongSpecTypePipeline"))
 
 
 def test_an_invalid_spec_is_reported_as_a_spec_error():
     with pytest.raises(SpecError, match=re.escape("spec.num_layers: 0 is invalid")) as info:
-        get_spec(build("pipelines:InvalidSpecPipeline"))
+        get_spec(build("spec_pipelines:InvalidSpecPipeline"))
     assert not isinstance(info.value, PipelineLoadError)
 
 
@@ -224,7 +226,7 @@ def test_load_errors_exit_with_2():
 # ---- the load hook -------------------------------------------------------------------------
 
 def test_build_pipeline_and_get_spec_do_not_call_load():
-    pipeline = build("pipelines:GoodPipeline")
+    pipeline = build("spec_pipelines:GoodPipeline")
     get_spec(pipeline)
     assert pipeline.load_calls == []
 

@@ -6,7 +6,7 @@ import dataclasses
 import re
 
 import pytest
-from pipelines import TINY_SPEC, GoodPipeline, MissingMethodsPipeline
+from spec_pipelines import TINY_SPEC, GoodPipeline, MissingMethodsPipeline
 
 from ardiff.errors import ConfigError, SpecError
 from ardiff.spec import ARDiffusionCrossAttentionKVSpec as Cross

@@ -139,7 +139,7 @@ def make_plan(spec: ARDiffusionKVCacheSpec, dtype: str, dtype_bytes: int, budget
 
 
 def _sessions_that_fit(plan: KVPlan) -> int:
-    """Sessions the budget holds beside the shared pages, ignoring the session cap."""
+    """Sessions that fit beside the shared pages (the cap when a session costs nothing)."""
     room = plan.budget_bytes - plan.fixed_bytes
     if room < 0:
         return 0

@@ -1,0 +1,283 @@
+"""`ardiff inspect-spec`: exit codes through the installed command run from another
+directory (`cli`), output and flags in-process through Typer's runner (`invoke`).
+
+The fixture pipeline's TINY_SPEC (2 layers, 2 heads of 4, 6 tokens per frame,
+blocks of 2, window 5, sink 1, capacity 4) in float32 plans:
+
+    page_bytes = 2 * 6 * 2 * 4 * 4 * 2 = 768;  history 1 + (5 - 2) = 4 pages per session;
+    in flight 2 pages;  bytes_per_session = 4 * 768 = 3072;  fixed_bytes = 2 * 768 = 1536
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ardiff_cli.main import app
+
+REPO = Path(__file__).resolve().parents[2]
+ARDIFF = shutil.which("ardiff", path=str(Path(sys.executable).parent)) or shutil.which("ardiff")
+
+EFFECTIVE_KEYS = {"window_frames", "sink_frames", "page_tokens", "pages_per_frame", "dtype"}
+MEMORY_KEYS = {"page_bytes", "history_frames_per_branch", "history_pages_per_session",
+               "inflight_pages", "register_pages", "cross_attention_bytes_per_session",
+               "model_owned_bytes_per_session", "bytes_per_session", "fixed_bytes",
+               "budget_bytes", "session_capacity", "total_pages", "total_bytes"}
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """`cli(*args) -> CompletedProcess`: the installed `ardiff`, run from an empty folder."""
+    assert ARDIFF, "the ardiff command is not installed next to this Python"
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    env.pop("FORCE_COLOR", None)   # plain text, whatever the caller's terminal settings
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([ARDIFF, *map(str, args)], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=60)
+
+    return run
+
+
+@pytest.fixture
+def invoke(tmp_path, monkeypatch):
+    """`invoke(*args) -> Result` (exit_code, stdout, stderr): the app in this process."""
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str):
+        return CliRunner().invoke(app, [str(a) for a in args])
+
+    return run
+
+
+@pytest.fixture
+def tiny_config(write_config, pipelines_file):
+    """`tiny_config(attr="GoodPipeline", **args) -> Path`: a fixture pipeline, a 1MiB budget."""
+
+    def make(attr: str = "GoodPipeline", **args) -> Path:
+        config = {"pipeline": {"entry": f"{pipelines_file}:{attr}", "args": args},
+                  "runtime": {"memory_budget": "1MiB"}}
+        return write_config(json.dumps(config))   # JSON is YAML
+
+    return make
+
+
+def exit_code(result) -> int:
+    """The exit status of a subprocess or of an in-process Typer run."""
+    return getattr(result, "returncode", getattr(result, "exit_code", None))
+
+
+def as_json(result) -> dict:
+    assert exit_code(result) == 0, result.stderr
+    assert result.stderr == ""
+    return json.loads(result.stdout)
+
+
+def assert_one_line_error(result, code: int, message: str):
+    assert exit_code(result) == code, result.stderr
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert message in lines[0]
+
+
+# ---- output --------------------------------------------------------------------------------
+
+def test_tables_render(cli, tiny_config):
+    result = cli("inspect-spec", tiny_config(cross_tokens=8))
+    assert result.returncode == 0, result.stderr
+    for text in ("Geometry", "Branches", "Cross-attention", "Window", "sliding",
+                 "Memory plan (float32", "6 tokens per", "sessions that fit",
+                 "page size", "768B"):
+        assert text in result.stdout
+    assert re.search(r"frames a block attends to\D*6\b", result.stdout)  # sink 1 + window 5
+    assert re.search(r"frames kept per branch\D*4\b", result.stdout)     # 1 + (5 - 2)
+    assert re.search(r"sessions that fit\D*4\b", result.stdout)
+    assert result.stderr == ""
+
+
+def test_no_cross_attention_table_without_caches(invoke, tiny_config):
+    result = invoke("inspect-spec", tiny_config())
+    assert result.exit_code == 0 and "Cross-attention" not in result.stdout
+
+
+def test_json_has_exactly_the_stable_keys(cli, tiny_config):
+    data = as_json(cli("inspect-spec", tiny_config(), "--json"))
+    assert set(data) == {"spec", "effective", "memory"}
+    assert set(data["effective"]) == EFFECTIVE_KEYS
+    assert set(data["memory"]) == MEMORY_KEYS
+    assert data["spec"]["branches"] == [{"name": "main", "local_index": 0}]
+    assert data["effective"] == {"window_frames": 5, "sink_frames": 1, "page_tokens": 6,
+                                 "pages_per_frame": 1, "dtype": "float32"}
+    assert data["memory"] == {
+        "page_bytes": 768, "history_frames_per_branch": 4, "history_pages_per_session": 4,
+        "inflight_pages": 2, "register_pages": 0, "cross_attention_bytes_per_session": 0,
+        "model_owned_bytes_per_session": 0, "bytes_per_session": 3072, "fixed_bytes": 1536,
+        "budget_bytes": 2**20, "session_capacity": 4,          # capped by the spec
+        "total_pages": 18, "total_bytes": 13824}               # 4 * 4 + 2 pages of 768
+
+
+def test_budget_flag(invoke, tiny_config):
+    memory = as_json(invoke("inspect-spec", tiny_config(), "--json", "--budget", "4608"))["memory"]
+    assert (memory["budget_bytes"], memory["session_capacity"]) == (4608, 1)   # 1536 + 3072
+    memory = as_json(invoke("inspect-spec", tiny_config(), "--json", "--budget", "10KiB"))["memory"]
+    assert (memory["budget_bytes"], memory["session_capacity"]) == (10240, 2)  # (10240-1536)//3072
+
+
+def test_fraction_budget_measures_free_memory(invoke, tiny_config):
+    memory = as_json(invoke("inspect-spec", tiny_config(), "--json", "--budget", "0.5"))["memory"]
+    assert memory["budget_bytes"] > 0 and memory["session_capacity"] == 4
+
+
+def test_dtype_flag(invoke, tiny_config):
+    data = as_json(invoke("inspect-spec", tiny_config(), "--json", "--dtype", "bfloat16"))
+    assert data["effective"]["dtype"] == "bfloat16"
+    assert data["memory"]["page_bytes"] == 384               # 2 * 6 * 2 * 4 * 2 * 2
+
+
+def test_page_tokens_flag(invoke, tiny_config):
+    data = as_json(invoke("inspect-spec", tiny_config(), "--json", "--page-tokens", "4"))
+    assert data["effective"]["page_tokens"] == 4
+    assert data["effective"]["pages_per_frame"] == 2         # ceil(6 / 4)
+    assert data["memory"]["page_bytes"] == 512               # 2 * 4 * 2 * 4 * 4 * 2
+    assert data["memory"]["history_pages_per_session"] == 8  # 4 frames * 2 pages
+
+
+def test_set_overrides_runtime_and_pipeline_args(invoke, tiny_config):
+    data = as_json(invoke("inspect-spec", tiny_config(), "--json",
+                          "--set", "runtime.kv.window_frames=3",
+                          "--set", "runtime.kv.sink_frames=0",
+                          "--set", "pipeline.args.head_size=8"))
+    assert (data["spec"]["window_frames"], data["spec"]["sink_frames"]) == (5, 1)  # declared
+    assert (data["effective"]["window_frames"], data["effective"]["sink_frames"]) == (3, 0)
+    assert data["spec"]["head_size"] == 8
+    assert data["memory"]["history_frames_per_branch"] == 1  # 0 + (3 - 2)
+    assert data["memory"]["page_bytes"] == 1536              # 2 * 6 * 2 * 8 * 4 * 2
+
+
+def test_flags_win_over_set(invoke, tiny_config):
+    data = as_json(invoke("inspect-spec", tiny_config(), "--json",
+                          "--set", "runtime.dtype=float16", "--dtype", "bfloat16"))
+    assert data["effective"]["dtype"] == "bfloat16"
+
+
+def test_relative_config_path_and_entry(cli, tmp_path, pipelines_file, write_config):
+    (tmp_path / "cwd" / "plugins").mkdir()
+    shutil.copy(pipelines_file, tmp_path / "cwd" / "plugins" / "models.py")
+    write_config("pipeline: {entry: '../plugins/models.py:GoodPipeline'}\n"
+                 "runtime: {memory_budget: 1MiB}\n", name="cwd/configs/run.yaml")
+    assert as_json(cli("inspect-spec", "configs/run.yaml", "--json"))["memory"]["page_bytes"] == 768
+
+
+def test_wan_example(cli):
+    data = as_json(cli("inspect-spec", REPO / "examples" / "wan_spec_only.yaml", "--json"))
+    assert data["effective"] == {"window_frames": 21, "sink_frames": 0, "page_tokens": 1560,
+                                 "pages_per_frame": 1, "dtype": "bfloat16"}
+    memory = data["memory"]
+    assert memory["page_bytes"] == 287_539_200               # 2 * 1560 * 12 * 128 * 2 * 30
+    assert memory["cross_attention_bytes_per_session"] == 94_371_840  # 2 * 512 * 12 * 128 * 30 * 2
+    assert memory["history_pages_per_session"] == 18         # 21 - 3
+    assert memory["session_capacity"] == 4
+    tables = cli("inspect-spec", REPO / "examples" / "wan_spec_only.yaml")
+    assert tables.returncode == 0 and "Memory plan (bfloat16" in tables.stdout
+
+
+# ---- errors --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "runtime.kv.windw_frames=3"],
+     "error: runtime.kv.windw_frames: unknown key; did you mean 'window_frames'?"),
+    (["--set", "novalue"], "error: --set: 'novalue' is not KEY=VALUE"),
+    (["--dtype", "fp32"], "error: runtime.dtype: 'fp32' (str) is not allowed"),
+    (["--budget", "lots"], "error: runtime.memory_budget: 'lots' is not a size"),
+    (["--budget", "0"], "must be more than 0 bytes"),
+    (["--page-tokens", "0"], "error: runtime.kv.page_tokens: 0 is invalid; it must be > 0"),
+    (["--set", "runtime.device=gpu"], "error: runtime.device: 'gpu' is not a device"),
+    (["--set", "pipeline.args.window_frames=0"],
+     "error: spec.window_frames: 0 is invalid; it must be an integer > 0"),
+])
+def test_bad_options_exit_2_with_one_line(invoke, tiny_config, args, message):
+    assert_one_line_error(invoke("inspect-spec", tiny_config(), *args), 2, message)
+
+
+@pytest.mark.parametrize("attr, message", [
+    ("InvalidSpecPipeline", "error: spec.num_layers: 0 is invalid; it must be an integer > 0"),
+    ("Nope", "has no attribute 'Nope'"),
+    ("MissingMethodsPipeline", "lacks generate_block, close_ar_diffusion_session"),
+    ("ConstructorRaisesPipeline", "raised ValueError: no such checkpoint: /nowhere.safetensors"),
+    ("SpecRaisesPipeline", "get_ar_diffusion_kv_cache_spec() raised RuntimeError"),
+    ("WrongSpecTypePipeline", "get_ar_diffusion_kv_cache_spec() returned a dict"),
+])
+def test_bad_pipelines_exit_2_with_one_line(invoke, tiny_config, attr, message):
+    assert_one_line_error(invoke("inspect-spec", tiny_config(attr)), 2, message)
+
+
+@pytest.mark.parametrize("attr", ["InvalidSpecPipeline", "ConstructorRaisesPipeline"])
+def test_bad_pipelines_exit_2_from_the_installed_command(cli, tiny_config, attr):
+    assert_one_line_error(cli("inspect-spec", tiny_config(attr)), 2, "error: ")
+
+
+def test_bad_config_files_exit_2(cli, write_config):
+    assert_one_line_error(cli("inspect-spec", "nope.yaml"), 2,
+                          "error: config: 'nope.yaml' does not exist or is not a file")
+    broken = write_config("pipeline:\n  entry: a:b\n bad: 1\n")
+    assert_one_line_error(cli("inspect-spec", broken), 2, "YAML syntax error at line 3, column 2")
+    no_module = write_config("pipeline: {entry: 'ardiff_no_such_module_xyz:P'}\n")
+    assert_one_line_error(cli("inspect-spec", no_module), 2,
+                          "error: pipeline.entry: module 'ardiff_no_such_module_xyz' not found")
+
+
+def test_json_errors_are_one_line_too(invoke, tiny_config):
+    assert_one_line_error(invoke("inspect-spec", tiny_config(), "--json", "--dtype", "fp32"), 2,
+                          "error: runtime.dtype")
+
+
+def test_no_session_fits_exits_3(cli, tiny_config):
+    # needs 1536 shared + 3072 per session = 4608 bytes; 4000 is 608 short
+    result = cli("inspect-spec", tiny_config(), "--budget", "4000")
+    assert_one_line_error(result, 3, "error: runtime.memory_budget: 3.9KiB cannot hold one "
+                                     "session (needs 4.5KiB: 3.0KiB per session + 1.5KiB shared, "
+                                     "short by 608B)")
+    assert "raise the budget to at least 4.5KiB" in result.stderr
+
+
+def test_debug_shows_the_traceback(cli, tiny_config):
+    result = cli("inspect-spec", tiny_config(), "--budget", "4000", "--debug")
+    assert result.returncode == 3
+    assert "Traceback" in result.stderr and "CapacityError" in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("error: runtime.memory_budget: ")
+    result = cli("inspect-spec", tiny_config("ConstructorRaisesPipeline"), "--debug")
+    assert result.returncode == 2
+    assert "ValueError: no such checkpoint" in result.stderr   # the cause is shown too
+
+
+def test_usage_errors_exit_2(cli, tiny_config):
+    assert cli("inspect-spec").returncode == 2
+    assert cli("inspect-spec", tiny_config(), "--no-such-flag").returncode == 2
+    assert cli("inspect-spec", tiny_config(), "--page-tokens", "many").returncode == 2
+
+
+def test_help(cli):
+    result = cli("--help")
+    assert result.returncode == 0 and "inspect-spec" in result.stdout
+
+
+def test_fraction_budget_on_a_missing_cuda_device_exits_2(invoke, tiny_config):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    assert_one_line_error(
+        invoke("inspect-spec", tiny_config(), "--set", "runtime.device=cuda", "--budget", "0.5"), 2,
+        "error: runtime.memory_budget: 0.5 of free memory needs the device's free memory, but "
+        "runtime.device: 'cuda' was requested but CUDA is not available")
