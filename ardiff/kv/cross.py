@@ -47,8 +47,11 @@ class CrossKVStore:
             (k.detach().clone(), v.detach().clone()) for k, v in layers]
 
     def clear(self, session_id: str, branch: str, names: list[str] | None = None) -> None:
-        for name in names if names is not None else list(self.spec.cross_attention_lengths):
+        """Drop `names` (default: all); an undeclared name raises before anything is dropped."""
+        names = list(self.spec.cross_attention_lengths) if names is None else list(names)
+        for name in names:
             self._check_name(name)
+        for name in names:
             self._entries.pop((session_id, branch, name), None)
 
     def release(self, session_id: str) -> None:

@@ -64,7 +64,7 @@ class DenseBranch:
             rest = rest if len(rest) + s.frames_per_block <= s.window_frames else []
         else:
             past = max(0, s.window_frames - s.frames_per_block)
-            rest = rest[len(rest) - past:] if past else []
+            rest = rest[-past:] if past else []  # the last `past` (all, if fewer)
         kept = sink + rest
         if kept == self.frames:
             return

@@ -139,8 +139,9 @@ class TensorChecks:
             return
         if extra_k is None or extra_v is None:
             raise KVStateError(f"attend(layer={layer}): pass both extra_k and extra_v or neither")
+        extra_k = self.tensor(layer, "extra_k", extra_k)
         limit = self.spec.max_scratch_tokens_per_branch
-        n = extra_k.shape[0] if isinstance(extra_k, torch.Tensor) else -1
+        n = extra_k.shape[0] if extra_k.dim() else 0
         if not 1 <= n <= limit:
             raise KVStateError(f"attend(layer={layer}): {n} register tokens passed; the spec "
                                f"allows 1..max_scratch_tokens_per_branch={limit}")
@@ -187,6 +188,7 @@ class KVState:
             try:
                 yield blk
                 if commit:
+                    self.check_open()  # a released session's table must not take pages
                     blk.check_complete()
             except BaseException:
                 kv.abort()

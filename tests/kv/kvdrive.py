@@ -63,7 +63,7 @@ def sliding_visible(sink: int, window: int, block: int, n: int) -> list[int]:
     """First min(S, n) frames + the most recent max(0, W - B) committed non-sink frames."""
     past = max(0, window - block)
     non_sink = list(range(sink, n))
-    return list(range(min(sink, n))) + (non_sink[len(non_sink) - past:] if past else [])
+    return list(range(min(sink, n))) + (non_sink[max(0, len(non_sink) - past):] if past else [])
 
 
 @dataclass
