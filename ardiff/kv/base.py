@@ -49,13 +49,19 @@ class SessionKV:
         known = ", ".join(b.name for b in self.cache.spec.branches)
         raise KVStateError(f"branch {name!r} is not declared by the spec (declared: {known})")
 
-    def claim_slot(self, name: str) -> int:
-        """Bind `name` to its local slot for this session; a second branch on it raises."""
+    def check_slot(self, name: str) -> int:
+        """The branch's local slot, if no other branch of this session holds it; else raise."""
         slot = self.check_branch(name)
-        owner = self.slot_owner.setdefault(slot, name)
+        owner = self.slot_owner.get(slot, name)
         if owner != name:
             raise KVStateError(f"branches {owner!r} and {name!r} share local_index {slot}; one "
                                f"session can use only one of them on this worker")
+        return slot
+
+    def claim_slot(self, name: str) -> int:
+        """Bind `name` to its local slot for this session; a second branch on it raises."""
+        slot = self.check_slot(name)
+        self.slot_owner[slot] = name
         return slot
 
     def branch(self, name: str) -> BranchKV:

@@ -81,10 +81,11 @@ class PagedBlock:
         self.start_frame = branch.table.num_committed_frames
         self.visible_frames = branch.table.visible_frames
         ppf = plan.pages_per_frame
-        pages = cache.allocate_pages(num_frames * ppf, "in-flight")
+        pages = cache.allocate_pages(num_frames * ppf + plan.register_pages_per_branch,
+                                     "in-flight and register")  # one all-or-nothing call
         self.frames: list[FramePages] = [tuple(pages[i * ppf:(i + 1) * ppf])
                                          for i in range(num_frames)]
-        self.register_pages = cache.allocate_pages(plan.register_pages_per_branch, "register")
+        self.register_pages = pages[num_frames * ppf:]
         self.block_index = self.storage.frame_token_index(self.frames)
         # [visible history tokens | this block's tokens]: built once, read by every attend.
         self.kv_index = torch.cat([self.storage.frame_token_index(branch.table.visible_pages),

@@ -172,7 +172,9 @@ class KVState:
     def num_committed_frames(self, branch: str) -> int:
         """Frames committed on `branch` so far: the absolute position of the next frame."""
         self.check_open()
-        return self._session.branch(branch).num_committed_frames
+        self._session.check_slot(branch)
+        kv = self._session.branches.get(branch)
+        return 0 if kv is None else kv.num_committed_frames
 
     @contextlib.contextmanager
     def block(self, branch: str, commit: bool = False,
@@ -215,8 +217,9 @@ class KVState:
     def set_cross_kv(self, branch: str, name: str, layers: CrossLayers) -> None:
         """Store `[L, heads, head_size]` (k, v) for every layer; all or nothing."""
         self.check_open()
-        self._session.claim_slot(branch)
+        self._session.check_slot(branch)
         self._cache.cross.set(self.session_id, branch, name, layers)
+        self._session.claim_slot(branch)
 
     def clear_cross_kv(self, branch: str, names: list[str] | None = None) -> None:
         """Drop cross-attention K/V (e.g. on a prompt switch); history stays."""
