@@ -11,7 +11,9 @@ class RolloutRequest:
     """One call into the pipeline: produce the next AR block of one session.
 
     `reset` releases the session before the forward (the block starts at frame
-    0); `close_session` releases it after a successful forward. `actions` holds
+    0); `close_session` releases it after a successful forward;
+    `clear_cross_kv` drops its cross-attention K/V (e.g. on a prompt switch)
+    and keeps its history. `actions` holds
     the per-frame or per-block conditioning of action models; `extra` is free
     for pipeline-specific options.
     """
@@ -26,6 +28,7 @@ class RolloutRequest:
     actions: tuple[str, ...] | None = None
     reset: bool = False
     close_session: bool = False
+    clear_cross_kv: bool = False  # drop the session's cross-attention K/V before the forward
     extra: dict[str, Any] = field(default_factory=dict)
 
 

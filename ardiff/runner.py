@@ -89,7 +89,11 @@ class Runner:
     @classmethod
     def from_config(cls, config: RunConfig) -> Runner:
         """Build, load, measure, plan and allocate, in that order (DESIGN §2, §4)."""
-        pipeline = build_pipeline(config.pipeline, config.base_dir)
+        return cls.from_pipeline(build_pipeline(config.pipeline, config.base_dir), config)
+
+    @classmethod
+    def from_pipeline(cls, pipeline: Any, config: RunConfig) -> Runner:
+        """Load a built pipeline, then plan and allocate its cache under the config's budget."""
         spec = effective_spec(config, get_spec(pipeline))
         device = resolve_device(config.runtime.device)
         load = getattr(pipeline, "load", None)
@@ -122,6 +126,9 @@ class Runner:
         if request.reset and sid in self.sessions:
             self._release(sid, Release.RESET)
         info = self._admit(sid)
+        if request.clear_cross_kv:
+            for branch in self.cache.spec.branches:
+                self.cache.cross.clear(sid, branch.name)
         start = time.perf_counter()
         try:
             with bind_ar_diffusion_state(self.cache, sid) as state:
@@ -147,14 +154,18 @@ class Runner:
 
     def _fail(self, session_id: str, request: RolloutRequest, exc: BaseException) -> None:
         cleanup_errors = self._release_steps(session_id, Release.FAILED)
-        for error in cleanup_errors:
-            if hasattr(exc, "add_note"):
-                exc.add_note(f"while releasing session {session_id!r}: "
-                             f"{type(error).__name__}: {error}")
         if isinstance(exc, (ArdiffError, KeyboardInterrupt)) or not isinstance(exc, Exception):
+            error = exc
+        else:
+            error = PipelineError(f"session {session_id!r} block {request.block_index}: "
+                                  f"generate_block raised {type(exc).__name__}: {exc}")
+        for cleanup_error in cleanup_errors:  # on the error that propagates, not its cause
+            if hasattr(error, "add_note"):
+                error.add_note(f"while releasing session {session_id!r}: "
+                               f"{type(cleanup_error).__name__}: {cleanup_error}")
+        if error is exc:
             raise exc
-        raise PipelineError(f"session {session_id!r} block {request.block_index}: generate_block "
-                            f"raised {type(exc).__name__}: {exc}") from exc
+        raise error from exc
 
     def _check_output(self, info: SessionInfo, request: RolloutRequest, output: Any) -> None:
         where = f"session {info.session_id!r} block {request.block_index}: BlockOutput"

@@ -93,11 +93,54 @@ def print_warmup(summary: dict) -> None:
         table.add_row(str(i), f"{latency * 1000:.1f} ms")
     totals = _table("")
     totals.add_row("total", f"{summary['total_s']:.3f} s")
-    totals.add_row("pages in use before / after",
-                   f"{summary['pages_in_use_before']} / {summary['pages_in_use_after']}")
-    totals.add_row("pages allocated", str(summary["pages_total"]))
+    totals.add_row("pages in use before / after", f"{_count(summary['pages_in_use_before'])} / "
+                                                  f"{_count(summary['pages_in_use_after'])}")
+    totals.add_row("pages allocated", _count(summary["pages_total"]))
     totals.add_row("KV bytes allocated", format_bytes(summary["kv_bytes_allocated"]))
     totals.add_row("sessions that fit", str(summary["session_capacity"]))
     if summary["latencies_s"]:
         console.print(table)
     console.print(totals)
+
+
+def _seconds(value) -> str:
+    return "-" if value is None else (f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s")
+
+
+def print_rollout(data: dict, to_stderr: bool = False) -> None:
+    """The summary table at the end of `ardiff rollout`."""
+    out = Console(stderr=True) if to_stderr else console
+    timing, kv, frames = data["timing"], data["kv"], data["frames"]
+    table = _table(f"Rollout: {data['status']}")
+    latency = timing["block_latency_s"]
+    rows = [
+        ("frames written", f"{frames['written']} / {frames['requested']}"),
+        ("time to first frame", _seconds(timing["time_to_first_frame_s"])),
+        ("block latency p50 / p95 / max",
+         " / ".join(_seconds(latency[k]) for k in ("p50", "p95", "max"))),
+        ("frames per second", "-" if timing["frames_per_s"] is None
+         else f"{timing['frames_per_s']:.1f}"),
+        ("real-time factor", "-" if timing["real_time_factor"] is None
+         else f"{timing['real_time_factor']:.2f}x at {frames['output_fps']:g} fps"),
+        ("warmup", _seconds(timing["warmup_s"])),
+        ("KV pages total / peak", f"{kv['pages_total']} / {kv['pages_peak']}"
+         if kv.get("pages_total") is not None else "- (dense)"),
+        ("KV bytes allocated", format_bytes(kv["kv_bytes_allocated"])),
+        ("peak RSS", format_bytes(data["memory"]["peak_rss_bytes"])),
+        ("sessions created / closed / evicted / failed",
+         " / ".join(str(data["sessions"][k]) for k in ("created", "closed", "evicted", "failed"))),
+    ]
+    if data["memory"]["peak_device_bytes"] is not None:
+        rows.append(("peak device memory", format_bytes(data["memory"]["peak_device_bytes"])))
+    for output in data["outputs"]:
+        rows.append((f"output ({output['codec']})",
+                     f"{output['path']}  {output['frames']} frames, "
+                     f"{format_bytes(output['bytes'])}"))
+    for name, value in rows:
+        table.add_row(name, value)
+    out.print(table)
+
+
+def _count(value: int | None) -> str:
+    """A page count, or `-` where there is none (dense backend, skipped warmup)."""
+    return "-" if value is None else str(value)

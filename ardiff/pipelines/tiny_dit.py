@@ -1,13 +1,13 @@
 """A tiny causal video DiT: the Wan / Self-Forcing family at toy width, untrained.
 
-    latents [F, C, h, w] --patchify--> tokens --N x DiTBlock--> velocity
+    latents [F, C, h, w] --patchify--> tokens --N x DiTBlock--> clean latents
     DiTBlock: adaLN(t) -> self-attention through blk.attend (3-axis RoPE, absolute frame
               positions) -> cross-attention to the prompt (the "text" cross-attention
               cache) -> MLP
-    sampler:  num_steps Euler steps of flow matching, each a probe block, then one commit
+    sampler:  num_steps flow-matching steps predicting the clean block, each a probe block, then one commit
               forward over the clean block (t = 0) whose K/V become history
     CFG:      guidance_scale > 1 runs `positive` and `negative` branches (declared when
-              cfg=True) and mixes their velocities
+              cfg=True) and mixes their predictions
     decoder:  latents -> RGB with the previous latent frame as per-session state
 
 Weights are a deterministic random initialisation from `weights_seed`: the
@@ -121,7 +121,7 @@ class TinyDiT(nn.Module):
 
     def forward(self, x: torch.Tensor, t: float, blk,
                 cross: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """Predicted velocity for latents x [F, C, h, w] at noise level t."""
+        """Predicted clean latents for noisy latents x [F, C, h, w] at noise level t."""
         num_frames = x.shape[0]
         angles = self.rotary.angles(blk.start_frame, num_frames, x.device)
         t_vec = torch.full((1,), t, device=x.device)
@@ -198,7 +198,8 @@ class TinyCausalDiT:
         steps = request.num_steps or self.config.num_steps
         levels = torch.linspace(1.0, 0.0, steps + 1).tolist()
         for t, t_next in zip(levels[:-1], levels[1:]):
-            x = x + (t_next - t) * self._velocity(state, branches, cross, x, t, request)
+            clean = self._predict_clean(state, branches, cross, x, t, request)
+            x = clean + t_next * (x - clean) / t  # x_t = (1 - t) clean + t noise
         for branch in branches:  # commit: the clean block's K/V become history
             with state.block(branch, commit=True) as blk:
                 self.model(x, 0.0, blk, cross[branch])
@@ -229,14 +230,14 @@ class TinyCausalDiT:
         shape = (c.frames_per_block, c.latent_channels, c.latent_size, c.latent_size)
         return torch.randn(shape, generator=generator).to(self.device, self.dtype)
 
-    def _velocity(self, state, branches, cross, x, t, request) -> torch.Tensor:
-        velocities = []
+    def _predict_clean(self, state, branches, cross, x, t, request) -> torch.Tensor:
+        predictions = []
         for branch in branches:  # probes: attend to history, commit nothing
             with state.block(branch, commit=False) as blk:
-                velocities.append(self.model(x, t, blk, cross[branch]))
-        if len(velocities) == 1:
-            return velocities[0]
-        positive, negative = velocities
+                predictions.append(self.model(x, t, blk, cross[branch]))
+        if len(predictions) == 1:
+            return predictions[0]
+        positive, negative = predictions
         return negative + request.guidance_scale * (positive - negative)
 
     def _forget(self, session_id: str) -> None:
