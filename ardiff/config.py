@@ -86,31 +86,69 @@ class WarmupConfig:
 
 
 @dataclass(frozen=True)
-class RolloutConfig:
-    """What to generate."""
+class PromptSwitch:
+    """From video frame `frame` on (rounded up to a block boundary), generate `prompt`.
 
-    frames: int = 48
+    `on_switch` says what happens to the session at the switch: `keep` its KV
+    history (the pipeline re-encodes the prompt), `clear-cross` drop its
+    cross-attention K/V first, or `reset` start the session over at frame 0.
+    """
+
+    frame: int
+    prompt: str
+    on_switch: Literal["keep", "clear-cross", "reset"] = "keep"
+
+    def __post_init__(self) -> None:
+        _check_min("rollout.prompt[].frame", self.frame, 0)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """What to generate. Paths to files are relative to the config file."""
+
+    frames: int = 48                     # video frames written per prompt
     seed: int = 0
-    prompt: str = ""
+    prompt: str | list[PromptSwitch] = ""  # a prompt, or a schedule of switches
     negative_prompt: str = ""
-    num_steps: int | None = None
+    prompts: list[str] | str | None = None  # several prompts (one video each): a list or a file
+    interleave: bool = False             # run several prompts round-robin, all resident
+    actions: list[str | list[str]] | str | None = None  # per block (repeating), or a file
+    num_steps: int | None = None         # None: the pipeline's default
     guidance_scale: float = 1.0
 
     def __post_init__(self) -> None:
         _check_min("rollout.frames", self.frames, 1)
         _check_min("rollout.num_steps", self.num_steps, 1)
+        if isinstance(self.prompt, list):
+            self._check_schedule(self.prompt)
+            if self.prompts is not None:
+                raise ConfigError("rollout.prompts: cannot be combined with a rollout.prompt "
+                                  "schedule; use one or the other")
+
+    @staticmethod
+    def _check_schedule(schedule: list[PromptSwitch]) -> None:
+        frames = [switch.frame for switch in schedule]
+        if not frames or frames[0] != 0:
+            raise ConfigError(f"rollout.prompt: a schedule must start at frame 0, got frames "
+                              f"{frames}; add {{frame: 0, prompt: ...}} first")
+        if any(b <= a for a, b in zip(frames, frames[1:])):
+            raise ConfigError(f"rollout.prompt: schedule frames {frames} must increase strictly")
 
 
 @dataclass(frozen=True)
 class OutputConfig:
-    """Where the video goes."""
+    """Where the video goes. The extension picks the format (see ardiff.video)."""
 
-    path: str = "ardiff_out.mp4"
+    path: str = "ardiff_out.mp4"  # several prompts: {index} in the name, or -<index> is added
     fps: float = 16.0
+    codec: str | None = None      # None: the format's default (libx264, ffv1, libvpx-vp9)
+    crf: int | None = None        # None: the codec's default quality
+    preset: str | None = None     # x264 preset; None: veryfast
 
     def __post_init__(self) -> None:
         if self.fps <= 0:
             raise ConfigError(f"output.fps: {self.fps!r} must be > 0; try 16")
+        _check_min("output.crf", self.crf, 0)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ardiff_cli import inspect_spec, warmup
+from ardiff_cli import inspect_spec, rollout, warmup
 
 app = typer.Typer(
     name="ardiff",
@@ -13,6 +13,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.command("rollout")(rollout.rollout_command)
 app.command("inspect-spec")(inspect_spec.inspect_spec_command)
 app.command("warmup")(warmup.warmup_command)
 

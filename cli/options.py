@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import List, Optional
 
@@ -27,5 +28,8 @@ OverrideList = Optional[List[str]]
 
 
 def flag_overrides(**flags: object) -> list[str]:
-    """Turn CLI flags given as `dotted_key=value` pairs into `--set` overrides (None: unset)."""
-    return [f"{key}={value}" for key, value in flags.items() if value is not None]
+    """Turn CLI flags given as `dotted_key=value` pairs into `--set` overrides (None: unset).
+
+    Values are JSON-encoded (JSON is YAML), so a prompt like `a: b` stays a string.
+    """
+    return [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]

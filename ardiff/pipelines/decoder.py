@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 STATE_DTYPE = torch.float32
+RGB_GAIN = 4.0  # spreads the random decoder's output over the colour range
 
 
 class LatentDecoder(nn.Module):
@@ -32,12 +33,15 @@ class LatentDecoder(nn.Module):
     def forward(self, latents: torch.Tensor,
                 previous: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode a block; returns (frames uint8 [F, H, W, 3], new state [C, h, w])."""
+        # Standardise each frame: an untrained model's latents are small, and
+        # decoding them raw gives a flat grey video.
         z = latents.to(STATE_DTYPE)
+        z = (z - z.mean(dim=(1, 2, 3), keepdim=True)) / (z.std(dim=(1, 2, 3), keepdim=True) + 1e-5)
         first = z[:1] if previous is None else previous[None]
         context = torch.cat([first, z[:-1]])  # each frame's previous latent frame
         weight_dtype = self.inp.weight.dtype
         h = torch.cat([z, context], dim=1).to(weight_dtype)
         h = self.up(torch.nn.functional.gelu(self.inp(h)))
-        rgb = torch.tanh(self.rgb(torch.nn.functional.gelu(self.mid(h))).float())
+        rgb = torch.tanh(RGB_GAIN * self.rgb(torch.nn.functional.gelu(self.mid(h))).float())
         frames = ((rgb + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)
         return frames.permute(0, 2, 3, 1).contiguous(), z[-1].clone()

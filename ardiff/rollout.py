@@ -1,0 +1,163 @@
+"""The rollout: which blocks to run for which session, built from the config, then driven.
+
+    plan = plan_rollout(config, spec, video_frames_per_block)   # checks everything up front
+    for event in iter_rollout(runner, plan): ...                # frames as they arrive
+
+One *stream* per prompt: its own session and its own output file. Streams run
+one after another, or round-robin when `rollout.interleave` is set (then all
+must be resident at once). Every stream writes exactly `rollout.frames` video
+frames: whole blocks run, the last one is cut.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from ardiff.config import PromptSwitch, RunConfig
+from ardiff.errors import ConfigError
+from ardiff.request import RolloutRequest
+from ardiff.rollout_inputs import output_path_for, read_actions, read_prompts
+from ardiff.spec import ARDiffusionKVCacheSpec
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One prompt's rollout: a session, a prompt schedule and an output path."""
+
+    index: int
+    session_id: str
+    schedule: tuple[PromptSwitch, ...]
+    output_path: Path
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """Everything the rollout needs, checked before any compute."""
+
+    streams: tuple[Stream, ...]
+    frames: int                    # video frames written per stream
+    video_frames_per_block: int    # expected; the first block of each stream confirms it
+    actions: tuple[tuple[str, ...], ...] | None
+    interleave: bool
+    seed: int
+    negative_prompt: str
+    num_steps: int | None
+    guidance_scale: float
+
+    @property
+    def blocks_per_stream(self) -> int:
+        return -(-self.frames // self.video_frames_per_block)
+
+    def switch_block(self, switch: PromptSwitch) -> int:
+        """The block a switch applies to: the first one starting at or after its frame."""
+        return -(-switch.frame // self.video_frames_per_block)
+
+
+@dataclass(frozen=True)
+class BlockEvent:
+    """One block's frames (already cut to what the stream still needs)."""
+
+    stream: Stream
+    block_index: int
+    frames: Any           # torch.Tensor uint8 [F, H, W, 3]
+    latency_s: float
+    frames_written: int   # this stream's frames so far, including these
+
+
+def plan_rollout(config: RunConfig, spec: ARDiffusionKVCacheSpec, video_frames_per_block: int,
+                 capacity: int | None = None) -> RolloutPlan:
+    """Build and check the plan: prompts, actions, outputs, positions and capacity."""
+    rollout = config.rollout
+    schedules = _schedules(config)
+    streams = tuple(Stream(i, f"stream-{i}", schedule,
+                           output_path_for(config.output.path, i, len(schedules)))
+                    for i, schedule in enumerate(schedules))
+    actions = read_actions(rollout.actions, config.base_dir)
+    plan = RolloutPlan(streams, rollout.frames, video_frames_per_block, actions,
+                       rollout.interleave and len(streams) > 1, rollout.seed,
+                       rollout.negative_prompt, rollout.num_steps, rollout.guidance_scale)
+    _check_positions(plan, spec)
+    if capacity is not None:
+        check_capacity(plan, capacity)
+    return plan
+
+
+def _schedules(config: RunConfig) -> list[tuple[PromptSwitch, ...]]:
+    rollout = config.rollout
+    prompts = read_prompts(rollout.prompts, config.base_dir)
+    if prompts is not None:
+        return [(PromptSwitch(0, prompt),) for prompt in prompts]
+    if isinstance(rollout.prompt, list):
+        return [tuple(rollout.prompt)]
+    return [(PromptSwitch(0, rollout.prompt),)]
+
+
+def _check_positions(plan: RolloutPlan, spec: ARDiffusionKVCacheSpec) -> None:
+    """Refuse a rollout whose frame positions would pass max_model_len (before it starts)."""
+    for stream in plan.streams:
+        resets = [plan.switch_block(s) for s in stream.schedule if s.on_switch == "reset"]
+        starts = sorted({0, *resets, plan.blocks_per_stream})
+        longest = max(b - a for a, b in zip(starts, starts[1:]))
+        positions = longest * spec.frames_per_block
+        if positions > spec.max_model_len:
+            fit = spec.max_model_len // spec.frames_per_block * plan.video_frames_per_block
+            raise ConfigError(
+                f"rollout.frames: {plan.frames} frames need {longest} blocks in a row, frame "
+                f"positions up to {positions}, but the pipeline's max_model_len is "
+                f"{spec.max_model_len}; lower rollout.frames to {fit} or add a prompt switch "
+                f"with on_switch: reset")
+
+
+def check_capacity(plan: RolloutPlan, capacity: int) -> None:
+    """Interleaved prompts must all be resident at once."""
+    if plan.interleave and len(plan.streams) > capacity:
+        raise ConfigError(
+            f"rollout.interleave: {len(plan.streams)} prompts need {len(plan.streams)} resident "
+            f"sessions but the memory plan fits {capacity}; raise runtime.memory_budget, use "
+            f"fewer prompts, or set rollout.interleave: false to run them one after another")
+
+
+def iter_rollout(runner: Any, plan: RolloutPlan) -> Iterator[BlockEvent]:
+    """Run the plan's blocks on the runner, yielding each block's frames as they arrive.
+
+    A stream runs until it has `plan.frames` frames (so a pipeline that makes
+    fewer frames per block than declared still fills its video); then its
+    session is closed.
+    """
+    written = {stream.index: 0 for stream in plan.streams}
+    next_block = {stream.index: 0 for stream in plan.streams}
+    pending = list(plan.streams)
+    while pending:
+        for stream in list(pending if plan.interleave else pending[:1]):
+            block_index = next_block[stream.index]
+            output = runner.execute(build_request(plan, stream, block_index))
+            frames = output.frames[:plan.frames - written[stream.index]]
+            written[stream.index] += int(frames.shape[0])
+            next_block[stream.index] += 1
+            if written[stream.index] >= plan.frames:
+                runner.close_session(stream.session_id)
+                pending.remove(stream)
+            yield BlockEvent(stream, block_index, frames, runner.block_latencies_s[-1],
+                             written[stream.index])
+
+
+def build_request(plan: RolloutPlan, stream: Stream, block_index: int) -> RolloutRequest:
+    """The request for one block: the prompt in force, its switch action, the block's actions."""
+    current = stream.schedule[0]
+    switching = None
+    for switch in stream.schedule:
+        switch_block = plan.switch_block(switch)
+        if switch_block <= block_index:
+            current = switch
+        if switch_block == block_index and switch.frame > 0:
+            switching = switch.on_switch
+    actions = None
+    if plan.actions:
+        actions = plan.actions[block_index % len(plan.actions)]
+    return RolloutRequest(
+        session_id=stream.session_id, block_index=block_index, prompt=current.prompt,
+        negative_prompt=plan.negative_prompt, seed=plan.seed, num_steps=plan.num_steps,
+        guidance_scale=plan.guidance_scale, actions=actions,
+        reset=switching == "reset", clear_cross_kv=switching == "clear-cross")

@@ -1,0 +1,86 @@
+"""Files and names a rollout reads: prompt lists, action lists, per-stream output paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from ardiff.errors import ConfigError
+
+
+def _resolve(path: str, base_dir: Path) -> Path:
+    candidate = Path(path).expanduser()
+    return candidate if candidate.is_absolute() else base_dir / candidate
+
+
+def read_prompts(prompts: list[str] | str | None, base_dir: Path) -> list[str] | None:
+    """A list of prompts, or a file with one prompt per line (blank lines and #-comments skipped)."""
+    if prompts is None or isinstance(prompts, list):
+        if prompts == []:
+            raise ConfigError("rollout.prompts: the list is empty; give at least one prompt")
+        return prompts
+    path = _resolve(prompts, base_dir)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"rollout.prompts: cannot read {str(path)!r} ({exc.__class__.__name__}: "
+                          f"{exc}); give a UTF-8 text file with one prompt per line") from exc
+    found = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not found:
+        raise ConfigError(f"rollout.prompts: {str(path)!r} has no prompts; write one per line")
+    return found
+
+
+def read_actions(actions: list | str | None,
+                 base_dir: Path) -> tuple[tuple[str, ...], ...] | None:
+    """Per-block actions: an inline list, or a YAML file holding a list (or `actions: [...]`).
+
+    Each entry is one action for every frame of its block, or a list with one
+    action per frame. The list repeats when the rollout is longer.
+    """
+    if actions is None:
+        return None
+    where = "rollout.actions"
+    if isinstance(actions, str):
+        where, actions = _load_actions_file(_resolve(actions, base_dir))
+    if not isinstance(actions, list) or not actions:
+        raise ConfigError(f"{where}: expected a non-empty list of actions, got {actions!r}")
+    return tuple(_action_entry(entry, f"{where}[{i}]") for i, entry in enumerate(actions))
+
+
+def _load_actions_file(path: Path) -> tuple[str, object]:
+    where = f"rollout.actions ({path})"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"rollout.actions: cannot read {str(path)!r} ({exc.__class__.__name__}"
+                          f"); give a YAML file with a list of actions") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{where}: YAML syntax error{at}; fix the file") from exc
+    if isinstance(data, dict) and set(data) == {"actions"}:
+        data = data["actions"]
+    return where, data
+
+
+def _action_entry(entry: object, where: str) -> tuple[str, ...]:
+    if isinstance(entry, str) and entry:
+        return (entry,)
+    if isinstance(entry, list) and entry and all(isinstance(a, str) and a for a in entry):
+        return tuple(entry)
+    raise ConfigError(f"{where}: {entry!r} is not an action; use a name like left or a list "
+                      f"of names, one per frame of the block")
+
+
+def output_path_for(template: str, index: int, num_streams: int) -> Path:
+    """The output of stream `index`: `{index}` in the template, or `-<index>` before the suffix."""
+    if "{index}" in template:
+        return Path(template.format(index=index))
+    if num_streams == 1:
+        return Path(template)
+    path = Path(template)
+    if template.endswith("/") or not path.suffix:
+        return path / f"{index}"
+    return path.with_name(f"{path.stem}-{index}{path.suffix}")

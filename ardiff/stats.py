@@ -1,0 +1,163 @@
+"""Rollout statistics: what a run did, how fast, in how much memory — and its JSON form.
+
+`RolloutReport.to_dict()` is the `--json` output; `STATS_SCHEMA` (JSON Schema)
+documents it and is checked in the tests. Times are seconds, sizes bytes.
+`real_time_factor` is generated frames per second over playback fps: above 1
+the model runs faster than real time.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "failed", "interrupted")
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0..100) by linear interpolation; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
+
+
+@dataclass
+class OutputRecord:
+    path: str
+    codec: str
+    frames: int
+    bytes: int
+    prompt: str
+
+
+@dataclass
+class RolloutReport:
+    """Everything `ardiff rollout` reports. Filled by the job; rendered by the CLI."""
+
+    status: str = "ok"
+    error: str | None = None
+    exit_code: int = 0
+    warnings: list[str] = field(default_factory=list)
+    pipeline: str = ""
+    device: str = ""
+    dtype: str = ""
+    frames_requested: int = 0
+    frames_written: int = 0
+    output_fps: float = 0.0
+    warmup_s: float | None = None
+    rollout_s: float = 0.0
+    time_to_first_frame_s: float | None = None
+    block_latencies_s: list[float] = field(default_factory=list)
+    kv: dict[str, Any] = field(default_factory=dict)
+    sessions: dict[str, int] = field(default_factory=dict)
+    peak_rss_bytes: int = 0
+    peak_device_bytes: int | None = None
+    outputs: list[OutputRecord] = field(default_factory=list)
+    exception: BaseException | None = field(default=None, repr=False)  # for --debug; not in JSON
+
+    @property
+    def frames_per_s(self) -> float | None:
+        return self.frames_written / self.rollout_s if self.rollout_s > 0 else None
+
+    @property
+    def real_time_factor(self) -> float | None:
+        fps = self.frames_per_s
+        return fps / self.output_fps if fps is not None and self.output_fps > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        latencies = self.block_latencies_s
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "status": self.status,
+            "error": self.error,
+            "exit_code": self.exit_code,
+            "warnings": list(self.warnings),
+            "run": {"pipeline": self.pipeline, "device": self.device, "dtype": self.dtype},
+            "frames": {"requested": self.frames_requested, "written": self.frames_written,
+                       "output_fps": self.output_fps},
+            "timing": {
+                "warmup_s": self.warmup_s,
+                "rollout_s": self.rollout_s,
+                "time_to_first_frame_s": self.time_to_first_frame_s,
+                "blocks": len(latencies),
+                "block_latency_s": {"p50": percentile(latencies, 50),
+                                    "p95": percentile(latencies, 95),
+                                    "max": max(latencies) if latencies else None},
+                "frames_per_s": self.frames_per_s,
+                "real_time_factor": self.real_time_factor,
+            },
+            "kv": dict(self.kv),
+            "sessions": dict(self.sessions),
+            "memory": {"peak_rss_bytes": self.peak_rss_bytes,
+                       "peak_device_bytes": self.peak_device_bytes},
+            "outputs": [dict(o.__dict__) for o in self.outputs],
+        }
+
+
+_NUM = {"type": ["number", "null"]}
+_INT = {"type": "integer", "minimum": 0}
+_INT_OR_NULL = {"type": ["integer", "null"]}
+
+STATS_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "ardiff rollout --json",
+    "type": "object",
+    "required": ["schema_version", "status", "error", "exit_code", "warnings", "run", "frames",
+                 "timing", "kv", "sessions", "memory", "outputs"],
+    "additionalProperties": False,
+    "properties": {
+        "schema_version": {"const": SCHEMA_VERSION},
+        "status": {"enum": list(STATUSES)},
+        "error": {"type": ["string", "null"]},
+        "exit_code": {"enum": [0, 1, 2, 3, 130]},
+        "warnings": {"type": "array", "items": {"type": "string"}},
+        "run": {"type": "object", "required": ["pipeline", "device", "dtype"],
+                "properties": {k: {"type": "string"} for k in ("pipeline", "device", "dtype")}},
+        "frames": {"type": "object", "required": ["requested", "written", "output_fps"],
+                   "properties": {"requested": _INT, "written": _INT,
+                                  "output_fps": {"type": "number"}}},
+        "timing": {
+            "type": "object",
+            "required": ["warmup_s", "rollout_s", "time_to_first_frame_s", "blocks",
+                         "block_latency_s", "frames_per_s", "real_time_factor"],
+            "properties": {
+                "warmup_s": _NUM, "rollout_s": {"type": "number"},
+                "time_to_first_frame_s": _NUM, "blocks": _INT,
+                "block_latency_s": {"type": "object", "required": ["p50", "p95", "max"],
+                                    "properties": {"p50": _NUM, "p95": _NUM, "max": _NUM}},
+                "frames_per_s": _NUM, "real_time_factor": _NUM,
+            },
+        },
+        "kv": {"type": "object",
+               "required": ["backend", "pages_total", "pages_in_use", "pages_peak",
+                            "kv_bytes_allocated", "cross_attention_bytes", "session_capacity",
+                            "bytes_per_session"],
+               "properties": {"backend": {"enum": ["paged", "dense"]},
+                              "pages_total": _INT_OR_NULL, "pages_in_use": _INT_OR_NULL,
+                              "pages_peak": _INT_OR_NULL, "kv_bytes_allocated": _INT,
+                              "cross_attention_bytes": _INT, "session_capacity": _INT,
+                              "bytes_per_session": _INT}},
+        "sessions": {"type": "object",
+                     "required": ["created", "evicted", "reset", "closed", "failed", "resident"],
+                     "additionalProperties": _INT},
+        "memory": {"type": "object", "required": ["peak_rss_bytes", "peak_device_bytes"],
+                   "properties": {"peak_rss_bytes": _INT, "peak_device_bytes": _INT_OR_NULL}},
+        "outputs": {"type": "array", "items": {
+            "type": "object", "required": ["path", "codec", "frames", "bytes", "prompt"],
+            "properties": {"path": {"type": "string"}, "codec": {"type": "string"},
+                           "frames": _INT, "bytes": _INT, "prompt": {"type": "string"}}}},
+    },
+}

@@ -1,0 +1,73 @@
+"""`ardiff rollout [CONFIG]`: run a model autoregressively and stream its video to a file."""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ardiff.config import load_config
+from ardiff_cli import options, progress, render
+from ardiff_cli.errors import handle_errors
+
+
+def _absolute(path: Optional[Path]) -> Optional[str]:
+    return None if path is None else str(path.expanduser().resolve())
+
+
+def rollout_command(
+    config: options.OptionalPath = options.OptionalConfigArg,
+    output: str = typer.Option(None, "--output", "-o", help="Output video: .mp4 .mkv .webm "
+                               ".gif .webp .npy or a directory (PNG frames)."),
+    frames: int = typer.Option(None, "--frames", help="Video frames to write (per prompt)."),
+    seed: int = typer.Option(None, "--seed", help="Noise seed."),
+    prompt: str = typer.Option(None, "--prompt", help="The prompt."),
+    prompts: Path = typer.Option(None, "--prompts", help="File with one prompt per line: one "
+                                 "video each."),
+    actions: Path = typer.Option(None, "--actions", help="YAML list of per-block actions."),
+    fps: float = typer.Option(None, "--fps", help="Playback frame rate of the output."),
+    device: str = options.DeviceOpt,
+    dtype: str = options.DtypeOpt,
+    budget: str = options.BudgetOpt,
+    overrides: options.OverrideList = options.SetOpt,
+    json_path: str = typer.Option(None, "--json", metavar="PATH",
+                                  help="Write the stats as JSON to PATH ('-': stdout)."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no summary."),
+    debug: bool = options.DebugOpt,
+) -> None:
+    """Generate a video block by block over the paged KV cache (no CONFIG: the embedded default)."""
+    from ardiff.job import run_rollout  # imports the runtime only when a rollout runs
+
+    with handle_errors(debug):
+        flags = options.flag_overrides(**{
+            "output.path": output, "rollout.frames": frames, "rollout.seed": seed,
+            "rollout.prompt": prompt, "rollout.prompts": _absolute(prompts),
+            "rollout.actions": _absolute(actions), "output.fps": fps, "runtime.device": device,
+            "runtime.dtype": dtype, "runtime.memory_budget": budget})
+        run_config = load_config(config, [*(overrides or []), *flags])
+        show = progress.wants_progress(no_progress or quiet)
+        with progress.RolloutProgress(enabled=show) as bar:
+            report = run_rollout(run_config, on_event=bar.update)
+    _emit(report, json_path, quiet)
+    if report.status != "ok":
+        if debug and report.exception is not None:
+            traceback.print_exception(report.exception)
+        print(f"error: {' '.join((report.error or report.status).split())}", file=sys.stderr)
+        raise typer.Exit(report.exit_code)
+
+
+def _emit(report, json_path: Optional[str], quiet: bool) -> None:
+    data = report.to_dict()
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if json_path == "-":
+        print(json.dumps(data, indent=2))
+    elif json_path:
+        Path(json_path).write_text(json.dumps(data, indent=2) + "\n")
+    if not quiet:
+        render.print_rollout(data, to_stderr=json_path == "-")
