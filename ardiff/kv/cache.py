@@ -63,10 +63,19 @@ class PagedBranch:
 
     def __init__(self, cache: PagedKVCache, table: PageTable) -> None:
         self.cache, self.table = cache, table
+        self._history_index: tuple[int, torch.Tensor] | None = None  # (table version, index)
 
     @property
     def num_committed_frames(self) -> int:
         return self.table.num_committed_frames
+
+    def history_index(self) -> torch.Tensor:
+        """Flat token index of the visible history; rebuilt only when the table changed,
+        so the probes of one block share it."""
+        if self._history_index is None or self._history_index[0] != self.table.version:
+            index = self.cache.storage.frame_token_index(self.table.visible_pages)
+            self._history_index = (self.table.version, index)
+        return self._history_index[1]
 
     def begin(self, num_frames: int) -> PagedBlock:
         return PagedBlock(self, num_frames)
@@ -88,8 +97,7 @@ class PagedBlock:
         self.register_pages = pages[num_frames * ppf:]
         self.block_index = self.storage.frame_token_index(self.frames)
         # [visible history tokens | this block's tokens]: built once, read by every attend.
-        self.kv_index = torch.cat([self.storage.frame_token_index(branch.table.visible_pages),
-                                   self.block_index])
+        self.kv_index = torch.cat([branch.history_index(), self.block_index])
         self._with_registers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._done = False
 

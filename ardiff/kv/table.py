@@ -20,6 +20,7 @@ class PageTable:
     def __init__(self, policy: WindowPolicy) -> None:
         self.policy = policy
         self.num_committed_frames = 0
+        self.version = 0  # changes whenever the kept frames change (commit, release)
         self._sink: list[FramePages] = []               # frame i is _sink[i]
         self._recent: deque[tuple[int, FramePages]] = deque()  # (frame index, pages)
 
@@ -49,6 +50,7 @@ class PageTable:
             else:
                 self._recent.append((self.num_committed_frames, pages))
             self.num_committed_frames += 1
+        self.version += 1
         keep = self.policy.num_recent_to_keep(len(self._recent))
         evicted: list[int] = []
         while len(self._recent) > keep:
@@ -61,4 +63,5 @@ class PageTable:
         self._sink.clear()
         self._recent.clear()
         self.num_committed_frames = 0
+        self.version += 1
         return page_ids
