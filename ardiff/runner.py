@@ -92,12 +92,15 @@ class Runner:
         return cls.from_pipeline(build_pipeline(config.pipeline, config.base_dir), config)
 
     @classmethod
-    def from_pipeline(cls, pipeline: Any, config: RunConfig) -> Runner:
-        """Load a built pipeline, then plan and allocate its cache under the config's budget."""
+    def from_pipeline(cls, pipeline: Any, config: RunConfig, load_weights: bool = True) -> Runner:
+        """Load a built pipeline, then plan and allocate its cache under the config's budget.
+
+        `load_weights=False` skips the `load` hook, for a pipeline another runner loaded.
+        """
         spec = effective_spec(config, get_spec(pipeline))
         device = resolve_device(config.runtime.device)
         load = getattr(pipeline, "load", None)
-        if callable(load):
+        if load_weights and callable(load):
             try:
                 load(device, TORCH_DTYPES[config.runtime.dtype])
             except ArdiffError:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ardiff_cli import inspect_spec, rollout, warmup
+from ardiff_cli import bench, inspect_spec, rollout, warmup
 
 app = typer.Typer(
     name="ardiff",
@@ -16,6 +16,7 @@ app = typer.Typer(
 app.command("rollout")(rollout.rollout_command)
 app.command("inspect-spec")(inspect_spec.inspect_spec_command)
 app.command("warmup")(warmup.warmup_command)
+app.command("bench")(bench.bench_command)
 
 
 @app.callback()

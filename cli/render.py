@@ -144,3 +144,45 @@ def print_rollout(data: dict, to_stderr: bool = False) -> None:
 def _count(value: int | None) -> str:
     """A page count, or `-` where there is none (dense backend, skipped warmup)."""
     return "-" if value is None else str(value)
+
+
+def _mark(ok: bool | None) -> str:
+    return "-" if ok is None else ("met" if ok else "MISSED")
+
+
+def print_bench(data: dict) -> None:
+    """`ardiff bench` numbers with the targets beside them (printed, never asserted)."""
+    paged, dense = data["backends"]["paged"], data["backends"]["dense"]
+    table = _table(f"Bench ({data['repeats']} repeats x {data['blocks']} blocks, alternating)",
+                   "measure", "paged", "dense", "target", "")
+    ratio = data["paged_over_dense"]
+    table.add_row("block latency median", _seconds(paged["median_block_s"]),
+                  _seconds(dense["median_block_s"]), "", "")
+    table.add_row("block latency p10-p90",
+                  f"{_seconds(paged['p10_block_s'])} - {_seconds(paged['p90_block_s'])}",
+                  f"{_seconds(dense['p10_block_s'])} - {_seconds(dense['p90_block_s'])}", "", "")
+    table.add_row("paged / dense", f"{ratio:.3f}", "", "<= 1.03", _mark(ratio <= 1.03))
+    table.add_row("KV bytes allocated", format_bytes(paged["kv_bytes_allocated"]),
+                  format_bytes(dense["kv_bytes_allocated"]), "", "")
+    table.add_row("KV bytes / plan minimum", f"{paged['kv_bytes_vs_plan_min']:.2f}",
+                  f"{dense['kv_bytes_vs_plan_min']:.2f}", "= 1.00 (paged)",
+                  _mark(abs(paged["kv_bytes_vs_plan_min"] - 1) < 0.005))
+    table.add_row("max |frame difference|", str(data["max_abs_frame_diff"]), "", "", "")
+    enc = data["encode"]
+    table.add_row("encode overhead", f"{enc['overhead'] * 100:.1f}%", "", "<= 5%",
+                  _mark(enc["overhead"] <= 0.05))
+    growth = data["rss_growth"]
+    for point in data["sweep"]:
+        table.add_row(f"{point['frames']} frames: pages in use / RSS",
+                      f"{point['pages_in_use_max']} / {format_bytes(point['rss_bytes'])}", "", "", "")
+    if growth is not None:
+        table.add_row("RSS growth first -> last", f"{growth * 100:.1f}%", "", "<= 5%",
+                      _mark(growth <= 0.05))
+    table.add_row("peak RSS", format_bytes(data["peak_rss_bytes"]), "", "", "")
+    startup = data.get("startup_s", {})
+    if startup:
+        table.add_row("`ardiff --help` start-up", _seconds(startup["help"]), "", "< 0.5 s",
+                      _mark(startup["help"] < 0.5))
+        table.add_row("`ardiff inspect-spec` start-up", _seconds(startup["inspect_spec"]), "",
+                      "", "")
+    console.print(table)

@@ -1,0 +1,70 @@
+"""`ardiff bench CONFIG`: paged vs dense, side by side, with the targets printed beside the numbers."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+from ardiff.config import load_config
+from ardiff_cli import options, render
+from ardiff_cli.errors import handle_errors
+
+
+def _parse_sweep(value: str | None) -> list[int]:
+    if not value:
+        return []
+    try:
+        frames = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        frames = []
+    if not frames or min(frames) <= 0:
+        raise typer.BadParameter(f"{value!r}: give positive frame counts like 100,1000",
+                                 param_hint="--sweep-frames")
+    return frames
+
+
+def startup_seconds(args: list[str], runs: int = 5) -> float:
+    """Median wall time of `ardiff ARGS` in a fresh process (what a shell script pays)."""
+    exe = str(Path(sys.argv[0]).resolve())
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run([exe, *args], capture_output=True, check=False)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_command(
+    config: Path = options.ConfigArg,
+    blocks: int = typer.Option(4, "--blocks", min=1, help="Timed blocks per repeat and backend."),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="Alternating repeats (A B A B ...)."),
+    sweep_frames: str = typer.Option(None, "--sweep-frames", metavar="N,N,...",
+                                     help="Rollout lengths for the pages/RSS sweep, e.g. 100,1000."),
+    overrides: options.OverrideList = options.SetOpt,
+    json_path: str = typer.Option(None, "--json", metavar="PATH",
+                                  help="Write the numbers as JSON to PATH ('-': stdout)."),
+    debug: bool = options.DebugOpt,
+) -> None:
+    """Measure the paged KV runtime against the dense reference on one pipeline."""
+    from ardiff.bench import run_bench  # imports torch
+
+    sweep = _parse_sweep(sweep_frames)
+    with handle_errors(debug):
+        run_config = load_config(config, list(overrides or []))
+        report = run_bench(run_config, blocks, repeats, sweep,
+                           on_progress=lambda msg: print(f"bench: {msg}", file=sys.stderr))
+        data = report.to_dict()
+        data["startup_s"] = {"help": startup_seconds(["--help"]),
+                             "inspect_spec": startup_seconds(["inspect-spec", str(config)])}
+    if json_path == "-":
+        print(json.dumps(data, indent=2))
+    else:
+        if json_path:
+            Path(json_path).write_text(json.dumps(data, indent=2) + "\n")
+        render.print_bench(data)
