@@ -15,6 +15,7 @@ import torch
 
 from ardiff.errors import KVStateError
 from ardiff.kv import attention
+from ardiff.kv.address import TokenAddress
 from ardiff.kv.base import CacheStats, KVCacheBase
 from ardiff.kv.plan import KVPlan
 from ardiff.kv.pool import PagePool
@@ -63,26 +64,26 @@ class PagedBranch:
 
     def __init__(self, cache: PagedKVCache, table: PageTable) -> None:
         self.cache, self.table = cache, table
-        self._history_index: tuple[int, torch.Tensor] | None = None  # (table version, index)
+        self._history: tuple[int, TokenAddress] | None = None  # (table version, address)
 
     @property
     def num_committed_frames(self) -> int:
         return self.table.num_committed_frames
 
-    def history_index(self) -> torch.Tensor:
-        """Flat token index of the visible history; rebuilt only when the table changed,
-        so the probes of one block share it."""
-        if self._history_index is None or self._history_index[0] != self.table.version:
-            index = self.cache.storage.frame_token_index(self.table.visible_pages)
-            self._history_index = (self.table.version, index)
-        return self._history_index[1]
+    def history_address(self) -> TokenAddress:
+        """Where the visible history lives; rebuilt only when the table changed, so the
+        probes of one block share it."""
+        if self._history is None or self._history[0] != self.table.version:
+            address = self.cache.storage.frames_address(self.table.visible_pages)
+            self._history = (self.table.version, address)
+        return self._history[1]
 
     def begin(self, num_frames: int) -> PagedBlock:
         return PagedBlock(self, num_frames)
 
 
 class PagedBlock:
-    """A block in flight: its pages, and the flat token index it reads through."""
+    """A block in flight: its pages, and the storage addresses it writes and reads through."""
 
     def __init__(self, branch: PagedBranch, num_frames: int) -> None:
         cache, plan = branch.cache, branch.cache.plan
@@ -95,29 +96,28 @@ class PagedBlock:
         self.frames: list[FramePages] = [tuple(pages[i * ppf:(i + 1) * ppf])
                                          for i in range(num_frames)]
         self.register_pages = pages[num_frames * ppf:]
-        self.block_index = self.storage.frame_token_index(self.frames)
+        self.block_address = self.storage.frames_address(self.frames)
         # [visible history tokens | this block's tokens]: built once, read by every attend.
-        self.kv_index = torch.cat([branch.history_index(), self.block_index])
-        self._with_registers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.kv_address = branch.history_address().concat(self.block_address)
+        self._registers: dict[int, TokenAddress] = {}  # register count -> address
         self._done = False
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
                scale: float | None) -> torch.Tensor:
-        self.storage.write(layer, self.block_index, k, v)
-        index = self.kv_index
+        self.storage.write(layer, self.block_address, k, v)
+        registers = None
         if extra_k is not None:
-            register_index, index = self._register_index(extra_k.shape[0])
-            self.storage.write(layer, register_index, extra_k, extra_v)
-        keys, values = self.storage.gather(layer, index)
+            registers = self._registers_address(extra_k.shape[0])
+            self.storage.write(layer, registers, extra_k, extra_v)
+        keys, values = self.storage.read(layer, self.kv_address, registers)
         return attention.attend(q, keys, values, scale)
 
-    def _register_index(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if num_tokens not in self._with_registers:
-            register_index = self.storage.page_token_index(self.register_pages, num_tokens)
-            self._with_registers[num_tokens] = (register_index,
-                                                torch.cat([self.kv_index, register_index]))
-        return self._with_registers[num_tokens]
+    def _registers_address(self, num_tokens: int) -> TokenAddress:
+        if num_tokens not in self._registers:
+            self._registers[num_tokens] = self.storage.registers_address(self.register_pages,
+                                                                         num_tokens)
+        return self._registers[num_tokens]
 
     def commit(self) -> None:
         """Hand the in-flight pages to the table; free what the window evicts."""

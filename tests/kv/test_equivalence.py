@@ -91,3 +91,13 @@ def test_paged_matches_dense_on_cuda():
     assert lock.paged.storage.k[0].is_cuda
     lock.release("s")
     assert lock.paged.pool.num_used == 0
+
+
+@pytest.mark.parametrize("reset_at_boundary", [False, True], ids=["sliding", "tumbling"])
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_slice_copy_path_matches_dense(case, reset_at_boundary, monkeypatch):
+    """The same harness with every stretch copied as a slice (the path big frames take)."""
+    from ardiff.kv import storage as storage_module
+
+    monkeypatch.setattr(storage_module, "RUN_COPY_MIN_ELEMENTS", 1)
+    test_paged_matches_dense(case, reset_at_boundary)

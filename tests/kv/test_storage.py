@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from ardiff.kv.cache import create_cache
+from ardiff.kv import storage as storage_module
 from ardiff.kv.storage import PagedStorage
 from kvdrive import CFG_BRANCHES, make_spec, paged_tables, plan_for
 
@@ -46,25 +47,48 @@ def test_cache_allocates_exactly_the_plan():
         plan.total_pages, 0, plan.page_bytes * plan.total_pages)
 
 
-def test_frame_token_index_skips_the_tail_of_the_last_page():
+def test_frames_address_skips_the_tail_of_the_last_page():
     plan = plan_for(spec_(), page_tokens=2)  # 5 tokens -> 3 pages, the last half used
     storage = PagedStorage(plan, "cpu")
-    index = storage.frame_token_index([(4, 0, 7), (1, 2, 3)])
-    assert index.tolist() == [8, 9, 0, 1, 14, 2, 3, 4, 5, 6]
-    assert storage.frame_token_index([]).numel() == 0
-    assert storage.page_token_index([6, 2], 3).tolist() == [12, 13, 4]
+    address = storage.frames_address([(4, 0, 7), (1, 2, 3)])
+    assert address.index.tolist() == [8, 9, 0, 1, 14, 2, 3, 4, 5, 6]
+    assert address.runs == ((8, 2), (0, 2), (14, 1), (2, 5))  # adjacent stretches merged
+    assert storage.frames_address([]).num_tokens == 0
+    assert storage.registers_address([6, 2], 3).index.tolist() == [12, 13, 4]
 
 
-def test_write_then_gather_round_trips():
-    plan = plan_for(spec_(), page_tokens=3)
+@pytest.fixture(params=["index", "runs"])
+def copy_path(request, monkeypatch):
+    """Run a storage test through per-token indexing and through slice copies."""
+    threshold = 1 << 40 if request.param == "index" else 1
+    monkeypatch.setattr(storage_module, "RUN_COPY_MIN_ELEMENTS", threshold)
+    return request.param
+
+
+@pytest.mark.parametrize("page_tokens", [3, 5])  # 3: a frame spans pages, 5: one page a frame
+def test_write_then_read_round_trips(page_tokens, copy_path):
+    plan = plan_for(spec_(), page_tokens=page_tokens)
     storage = PagedStorage(plan, "cpu", poison=True)
-    index = storage.frame_token_index([(2, 5), (0, 1)])
+    frames = [(2, 5), (0, 1)] if page_tokens == 3 else [(2,), (0,)]
+    address = storage.frames_address(frames)
     k, v = torch.randn(10, HEADS, HS), torch.randn(10, HEADS, HS)
-    storage.write(1, index, k, v)
-    got_k, got_v = storage.gather(1, index)
+    storage.write(1, address, k, v)
+    got_k, got_v = storage.read(1, address)
     assert torch.equal(got_k, k) and torch.equal(got_v, v)
     assert torch.isnan(storage.k[0]).all(), "other layers untouched"
     assert torch.isnan(storage.k[1][3]).all(), "pages not written stay poisoned"
+
+
+def test_read_appends_register_tokens_after_the_frames(copy_path):
+    plan = plan_for(spec_(), page_tokens=5)
+    storage = PagedStorage(plan, "cpu", poison=True)
+    address = storage.frames_address([(1,)])
+    registers = storage.registers_address([4], 3)
+    k, extra = torch.randn(5, HEADS, HS), torch.randn(3, HEADS, HS)
+    storage.write(0, address, k, k)
+    storage.write(0, registers, extra, extra)
+    got_k, _ = storage.read(0, address, registers)
+    assert torch.equal(got_k, torch.cat([k, extra]))
 
 
 def _commit(state, tokens=10):
