@@ -54,19 +54,10 @@ class PagedStorage:
         k, v = self.k[layer], self.v[layer]
         return k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:])  # [pages*page_tokens, heads, hs]
 
-    def _by_runs(self, address: TokenAddress) -> bool:
-        return address.tokens_per_run() * self._token_elements >= RUN_COPY_MIN_ELEMENTS
-
     def write(self, layer: int, address: TokenAddress, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K/V `[address.num_tokens, heads, head_size]` at `address`."""
         for pool, src in zip(self._flat(layer), (k, v)):
-            if self._by_runs(address):
-                done = 0
-                for start, length in address.runs:
-                    pool[start:start + length].copy_(src[done:done + length])
-                    done += length
-            else:
-                pool.index_copy_(0, address.index, src)
+            self._copy(pool, address, src, into_pool=True)
 
     def read(self, layer: int, address: TokenAddress,
              registers: TokenAddress | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,20 +67,26 @@ class PagedStorage:
         out = []
         for pool in self._flat(layer):
             buf = torch.empty(n + extra, *pool.shape[1:], dtype=self.dtype, device=self.device)
-            self._gather(pool, address, buf[:n])
+            self._copy(pool, address, buf[:n], into_pool=False)
             if registers is not None:
-                self._gather(pool, registers, buf[n:])
+                self._copy(pool, registers, buf[n:], into_pool=False)
             out.append(buf)
         return out[0], out[1]
 
-    def _gather(self, pool: torch.Tensor, address: TokenAddress, dst: torch.Tensor) -> None:
-        if self._by_runs(address):
-            done = 0
-            for start, length in address.runs:
-                dst[done:done + length].copy_(pool[start:start + length])
-                done += length
-        else:
-            torch.index_select(pool, 0, address.index, out=dst)
+    def _copy(self, pool: torch.Tensor, address: TokenAddress, data: torch.Tensor,
+              into_pool: bool) -> None:
+        """Copy `data` [tokens, heads, hs] to (or from) the pool's tokens at `address`."""
+        if address.tokens_per_run() * self._token_elements < RUN_COPY_MIN_ELEMENTS:
+            if into_pool:
+                pool.index_copy_(0, address.index, data)
+            else:
+                torch.index_select(pool, 0, address.index, out=data)
+            return
+        done = 0
+        for start, length in address.runs:
+            stretch, part = pool[start:start + length], data[done:done + length]
+            stretch.copy_(part) if into_pool else part.copy_(stretch)
+            done += length
 
     def poison(self, page_ids: list[int]) -> None:
         """Fill pages with NaN (poison mode only), so a read of a freed page shows."""
