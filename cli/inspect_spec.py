@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ardiff.config import load_config
 from ardiff.inspect import inspect_spec
 from ardiff_cli import options, render
 from ardiff_cli.errors import handle_errors
@@ -16,15 +15,16 @@ def inspect_spec_command(
     budget: str = options.BudgetOpt,
     dtype: str = options.DtypeOpt,
     page_tokens: int = options.PageTokensOpt,
+    device: str = options.DeviceOpt,
     overrides: options.OverrideList = options.SetOpt,
     as_json: bool = options.JsonOpt,
     debug: bool = options.DebugOpt,
 ) -> None:
     """Show the KV spec a pipeline declares and the memory plan for it (dry run)."""
     with handle_errors(debug):
-        flags = options.flag_overrides(**{"runtime.memory_budget": budget, "runtime.dtype": dtype,
-                                          "runtime.kv.page_tokens": page_tokens})
-        report = inspect_spec(load_config(config, [*(overrides or []), *flags]))
+        report = inspect_spec(options.load_run_config(config, overrides, {
+            "runtime.memory_budget": budget, "runtime.dtype": dtype,
+            "runtime.kv.page_tokens": page_tokens, "runtime.device": device}))
         if as_json:
             print(json.dumps(report.to_dict(), indent=2))
         else:

@@ -33,3 +33,11 @@ def flag_overrides(**flags: object) -> list[str]:
     Values are JSON-encoded (JSON is YAML), so a prompt like `a: b` stays a string.
     """
     return [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]
+
+
+def load_run_config(config: Optional[Path], overrides: Optional[List[str]],
+                    flags: dict[str, object]):
+    """The run config: the file (None: the embedded default), then `--set`, then the flags."""
+    from ardiff.config import load_config
+
+    return load_config(config, [*(overrides or []), *flag_overrides(**flags)])

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import typer
 
-from ardiff.config import load_config
 from ardiff.errors import WarmupError
 from ardiff_cli import options, render
 from ardiff_cli.errors import handle_errors
@@ -26,9 +25,8 @@ def warmup_command(
     from ardiff.runner import Runner  # imports torch: only when the command runs
 
     with handle_errors(debug):
-        flags = options.flag_overrides(**{"runtime.device": device, "runtime.dtype": dtype,
-                                          "runtime.memory_budget": budget})
-        runner = Runner.from_config(load_config(config, [*(overrides or []), *flags]))
+        runner = Runner.from_config(options.load_run_config(config, overrides, {
+            "runtime.device": device, "runtime.dtype": dtype, "runtime.memory_budget": budget}))
         try:
             report = runner.warmup()
         finally:
