@@ -167,7 +167,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
     """Read a YAML run config (None: the embedded default) and apply `--set` overrides."""
     if path is None:
         text = resources.files("ardiff.configs").joinpath(DEFAULT_CONFIG_NAME).read_text()
-        data, base_dir, name = parse_yaml(text, "<embedded default.yaml>"), Path.cwd(), None
+        data, base_dir = parse_yaml(text, "<embedded default.yaml>"), Path.cwd()
     else:
         path = Path(path)
         if not path.is_file():

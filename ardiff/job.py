@@ -56,7 +56,8 @@ def run_rollout(config: RunConfig,
         if config.warmup.enabled:
             emit(ProgressEvent("warmup", 0, report.frames_requested))
             _warmup(runner, report)
-        _run(runner, plan, config, report, emit)
+        if report.status == "ok":  # not interrupted during warmup
+            _run(runner, plan, config, report, emit)
     finally:
         close_errors = _close_runner(runner)
     report.warnings.extend(close_errors)
@@ -77,6 +78,9 @@ def _warmup(runner: Any, report: RolloutReport) -> None:
         warmup = runner.warmup()
     except WarmupError as exc:
         report.warnings.append(f"{exc}; continuing without warmup")
+        return
+    except KeyboardInterrupt as exc:
+        _record_failure(report, exc)
         return
     report.warmup_s = warmup.total_s
     if warmup.skipped_reason:
@@ -125,7 +129,9 @@ def _close_writer(writer: Any, stream: Any, report: RolloutReport) -> None:
     except BaseException as exc:  # noqa: BLE001 - the encoder failing is a failed run
         if report.status == "ok":
             _record_failure(report, exc)
-        info = writer.close()
+        info = writer.info  # a second close() would raise the same error again
+        if info is None:  # interrupted before the file was finalized
+            return
     prompt = stream.schedule[0].prompt
     report.outputs.append(OutputRecord(info.path, info.codec, info.frames, info.bytes, prompt))
 

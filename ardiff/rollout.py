@@ -124,7 +124,8 @@ def iter_rollout(runner: Any, plan: RolloutPlan) -> Iterator[BlockEvent]:
 
     A stream runs until it has `plan.frames` frames (so a pipeline that makes
     fewer frames per block than declared still fills its video); then its
-    session is closed.
+    session is closed, after its last frames were yielded (a failing close hook
+    does not cost them).
     """
     written = {stream.index: 0 for stream in plan.streams}
     next_block = {stream.index: 0 for stream in plan.streams}
@@ -136,11 +137,11 @@ def iter_rollout(runner: Any, plan: RolloutPlan) -> Iterator[BlockEvent]:
             frames = output.frames[:plan.frames - written[stream.index]]
             written[stream.index] += int(frames.shape[0])
             next_block[stream.index] += 1
-            if written[stream.index] >= plan.frames:
-                runner.close_session(stream.session_id)
-                pending.remove(stream)
             yield BlockEvent(stream, block_index, frames, runner.block_latencies_s[-1],
                              written[stream.index])
+            if written[stream.index] >= plan.frames:  # closed after its frames are handed on
+                pending.remove(stream)
+                runner.close_session(stream.session_id)
 
 
 def build_request(plan: RolloutPlan, stream: Stream, block_index: int) -> RolloutRequest:

@@ -251,15 +251,16 @@ class Runner:
         report = WarmupReport(pages_in_use_before=self.cache.stats().pages_in_use)
         start = time.perf_counter()
         try:
-            for request in make_requests():
-                request = dataclasses.replace(request, session_id=WARMUP_SESSION_ID)
-                _output, latency = self._run(request)
-                report.latencies_s.append(latency)
-        except Exception as exc:
+            try:
+                for request in make_requests():
+                    request = dataclasses.replace(request, session_id=WARMUP_SESSION_ID)
+                    _output, latency = self._run(request)
+                    report.latencies_s.append(latency)
+            finally:
+                if WARMUP_SESSION_ID in self.sessions:
+                    self._release(WARMUP_SESSION_ID, Release.CLOSED)
+        except Exception as exc:  # a request or the release of its session
             raise WarmupError(f"warmup failed: {type(exc).__name__}: {exc}") from exc
-        finally:
-            if WARMUP_SESSION_ID in self.sessions:
-                self._release(WARMUP_SESSION_ID, Release.CLOSED)
         report.total_s = time.perf_counter() - start
         report.pages_in_use_after = self.cache.stats().pages_in_use
         self.warmup_latencies_s.extend(report.latencies_s)

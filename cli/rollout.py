@@ -11,12 +11,23 @@ from typing import Optional
 import typer
 
 from ardiff.config import load_config
+from ardiff.errors import ConfigError
 from ardiff_cli import options, progress, render
 from ardiff_cli.errors import handle_errors
 
 
 def _absolute(path: Optional[Path]) -> Optional[str]:
     return None if path is None else str(path.expanduser().resolve())
+
+
+def _check_json_path(json_path: Optional[str]) -> None:
+    """The stats file's folder must exist before the run, or the stats would be lost after it."""
+    if json_path in (None, "-"):
+        return
+    folder = Path(json_path).expanduser().parent
+    if not folder.is_dir():
+        raise ConfigError(f"--json: {json_path!r} is in a folder that does not exist "
+                          f"({str(folder)!r}); create it first or pick another path")
 
 
 def rollout_command(
@@ -44,6 +55,7 @@ def rollout_command(
     from ardiff.job import run_rollout  # imports the runtime only when a rollout runs
 
     with handle_errors(debug):
+        _check_json_path(json_path)
         flags = options.flag_overrides(**{
             "output.path": output, "rollout.frames": frames, "rollout.seed": seed,
             "rollout.prompt": prompt, "rollout.prompts": _absolute(prompts),

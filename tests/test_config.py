@@ -246,7 +246,7 @@ def test_empty_file_needs_a_pipeline(write_config):
 
 
 def test_base_dir_is_the_config_files_folder(write_config, tmp_path, monkeypatch):
-    path = write_config("pipeline: {entry: 'x.py:X'}\n", name="deep/er/run.yaml")
+    write_config("pipeline: {entry: 'x.py:X'}\n", name="deep/er/run.yaml")
     monkeypatch.chdir(tmp_path)
     assert load_config(Path("deep/er/run.yaml")).base_dir == (tmp_path / "deep/er").resolve()
     assert build().base_dir == Path(".")

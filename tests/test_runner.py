@@ -35,15 +35,6 @@ BIG_BUDGET = 1 << 30
 HISTORY_PAGES = 3  # the probe spec keeps sink 1 + (window 4 - block 2) frames, one page each
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster, and immune to a busy CI machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_runner(pipeline=None, capacity: int = 2, backend: str = "paged") -> Runner:
     pipeline = pipeline or probe.ProbePipeline()
     plan = make_plan(get_spec(pipeline), "float32", 4, BIG_BUDGET, max_sessions=capacity)

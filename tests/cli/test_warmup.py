@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from typer.testing import CliRunner
 
@@ -23,15 +22,6 @@ PROBE_INFLIGHT_PAGES = 2     # one block of 2 frames
 JSON_KEYS = {"status", "skipped_reason", "latencies_s", "total_s", "pages_in_use_before",
              "pages_in_use_after", "leaked_pages", "pages_total", "kv_bytes_allocated",
              "session_capacity", "backend"}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster, and immune to a busy CI machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def probe_config(tmp_path: Path, cls: str = "ProbePipeline", **args) -> Path:
