@@ -1,0 +1,91 @@
+"""The tiny causal DiT reference pipeline: determinism, sensitivity, spec from config, GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ardiff
+from ardiff.kv.cache import create_cache
+from ardiff.kv.plan import make_plan
+from ardiff.pipelines.decoder import LatentDecoder
+from ardiff.pipelines.tiny_dit import TinyCausalDiT
+from ardiff.runner import Runner
+
+SMALL = dict(latent_size=8, dim=32, num_heads=4, num_kv_heads=2, frames_per_block=2,
+             window_frames=4, sink_frames=1, upscale=2, num_steps=2)
+
+
+def rollout(blocks: int = 4, device: str = "cpu", seed: int = 0, prompts=("a red ball",),
+            **args) -> torch.Tensor:
+    """Frames of one session; the prompt switches (keep) every len(prompts) blocks."""
+    pipeline = TinyCausalDiT(**{**SMALL, **args})
+    pipeline.load(device, torch.float32)
+    plan = make_plan(pipeline.get_ar_diffusion_kv_cache_spec(), "float32", 4, 1 << 26)
+    runner = Runner(pipeline, create_cache(plan, "paged", device, poison=True), device)
+    frames = [runner.execute(ardiff.RolloutRequest(
+        "s", block_index=i, prompt=prompts[i * len(prompts) // blocks], seed=seed)).frames
+        for i in range(blocks)]
+    return torch.cat(frames)
+
+
+def test_same_seed_same_video_and_other_seed_other_video():
+    first = rollout()
+    assert torch.equal(first, rollout())
+    assert not torch.equal(first, rollout(seed=1))
+
+
+def test_different_prompts_give_different_videos():
+    assert not torch.equal(rollout(prompts=("a red ball",)), rollout(prompts=("a blue cube",)))
+
+
+def test_a_prompt_switch_changes_the_frames_after_it_only():
+    steady = rollout(prompts=("a red ball",))
+    switched = rollout(prompts=("a red ball", "a blue cube"))
+    half = steady.shape[0] // 2
+    assert torch.equal(steady[:half], switched[:half])
+    assert not torch.equal(steady[half:], switched[half:])
+
+
+def test_the_weights_seed_changes_the_model():
+    assert not torch.equal(rollout(), rollout(weights_seed=1))
+
+
+def test_spec_is_derived_from_the_model_config():
+    pipeline = TinyCausalDiT(**{**SMALL, "cfg": True, "text_tokens": 7})
+    spec = pipeline.get_ar_diffusion_kv_cache_spec()
+    c = pipeline.config
+    assert (spec.num_layers, spec.num_kv_heads, spec.head_size) == (
+        c.num_layers, c.num_kv_heads, c.dim // c.num_heads)
+    assert spec.tokens_per_frame == (c.latent_size // c.patch_size) ** 2
+    assert [b.name for b in spec.branches] == ["positive", "negative"]
+    assert spec.cross_attention_lengths == {"text": 7}
+    assert spec.model_owned_state_bytes_per_session == LatentDecoder.state_bytes(
+        c.latent_channels, c.latent_size)
+
+
+def test_frames_have_the_decoded_size():
+    frames = rollout(blocks=1)
+    side = SMALL["latent_size"] * SMALL["upscale"]
+    assert frames.shape == (SMALL["frames_per_block"], side, side, 3)
+    assert frames.dtype == torch.uint8
+
+
+def test_guidance_needs_the_negative_branch():
+    pipeline = TinyCausalDiT(**SMALL)
+    with pytest.raises(ardiff.ConfigError, match="pipeline.args.cfg: true"):
+        pipeline._branches(ardiff.RolloutRequest("s", guidance_scale=3.0))
+
+
+def test_a_bad_model_config_names_the_arg():
+    with pytest.raises(ardiff.ConfigError, match=r"pipeline\.args\.num_heads: 4 must be a "
+                                                 r"multiple of num_kv_heads"):
+        TinyCausalDiT(num_heads=4, num_kv_heads=3)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_runs_on_cuda_like_on_cpu():
+    gpu, cpu = rollout(blocks=3, device="cuda"), rollout(blocks=3)
+    assert gpu.device.type == "cpu" or gpu.is_cuda
+    assert (gpu.cpu().int() - cpu.int()).abs().max() <= 2  # kernels differ, pictures do not

@@ -1,0 +1,65 @@
+"""examples/world_model.py, loaded by file path as a user's plugin: paged = dense, actions matter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import ardiff
+from ardiff.config import load_config
+from ardiff.runner import Runner
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "world_model.py"
+
+
+def world_runner(tmp_path: Path, backend: str = "paged", **args) -> Runner:
+    config = {"pipeline": {"entry": f"{EXAMPLE}:ActionWorldModel",
+                           "args": {"size": 8, "patch": 4, "dim": 32, "window_frames": 4,
+                                    "num_steps": 2, "upscale": 1, **args}},
+              "runtime": {"memory_budget": "64MiB",
+                          "kv": {"backend": backend, "poison": backend == "paged"}}}
+    path = tmp_path / f"{backend}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return Runner.from_config(load_config(path))
+
+
+def rollout(runner: Runner, actions, blocks: int = 12, seed: int = 0) -> torch.Tensor:
+    return torch.cat([runner.execute(ardiff.RolloutRequest(
+        "s", block_index=i, actions=(actions[i % len(actions)],), seed=seed)).frames
+        for i in range(blocks)])
+
+
+@pytest.mark.parametrize("sink_frames", [0, 1])
+def test_paged_and_dense_give_the_same_frames_over_three_windows(tmp_path, sink_frames):
+    actions = ["right", "right", "down", "left", "up", "none"]
+    paged = rollout(world_runner(tmp_path, "paged", sink_frames=sink_frames), actions)
+    dense = rollout(world_runner(tmp_path, "dense", sink_frames=sink_frames), actions)
+    assert paged.shape[0] >= 3 * 4
+    assert (paged.int() - dense.int()).abs().max() <= 1
+
+
+def test_actions_change_the_frames(tmp_path):
+    left = rollout(world_runner(tmp_path), ["left"], blocks=4)
+    right = rollout(world_runner(tmp_path), ["right"], blocks=4)
+    assert not torch.equal(left, right)
+
+
+def test_same_seed_same_frames(tmp_path):
+    assert torch.equal(rollout(world_runner(tmp_path), ["up"], blocks=3),
+                       rollout(world_runner(tmp_path), ["up"], blocks=3))
+
+
+def test_the_spec_declares_one_register_token_set_per_frame(tmp_path):
+    runner = world_runner(tmp_path, frames_per_block=2, registers_per_action=3)
+    spec = runner.plan.spec
+    assert spec.max_scratch_tokens_per_branch == 2 * 3
+    assert spec.tokens_per_frame == (8 // 4) ** 2
+
+
+def test_an_unknown_action_names_the_choices(tmp_path):
+    runner = world_runner(tmp_path)
+    with pytest.raises(ardiff.ConfigError, match="'jump' is not an action; use one of none"):
+        runner.execute(ardiff.RolloutRequest("s", actions=("jump",)))
