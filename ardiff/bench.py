@@ -66,8 +66,8 @@ class BenchReport:
         return self.results[backend].kv_bytes_allocated / self.plan_min_bytes
 
     @property
-    def encode_overhead(self) -> float:
-        return (self.encode_s - self.plain_s) / self.plain_s if self.plain_s else 0.0
+    def encode_overhead(self) -> float | None:
+        return (self.encode_s - self.plain_s) / self.plain_s if self.plain_s else None
 
     @property
     def rss_growth(self) -> float | None:
@@ -141,9 +141,9 @@ class _Driver:
 
 
 def run_bench(config: RunConfig, blocks: int = 4, repeats: int = 3,
-              sweep_frames: list[int] | None = None,
+              sweep_frames: list[int] | None = None, encode: bool = True,
               on_progress: Callable[[str], None] | None = None) -> BenchReport:
-    """Measure paged vs dense, encode overhead and (optionally) RSS against rollout length."""
+    """Measure paged vs dense, and optionally encode overhead and RSS against length."""
     say = on_progress or (lambda message: None)
     runners = _runners(config)
     drivers = {name: _Driver(runner, config) for name, runner in runners.items()}
@@ -162,7 +162,8 @@ def run_bench(config: RunConfig, blocks: int = 4, repeats: int = 3,
             results[name].kv_bytes_allocated = max(results[name].kv_bytes_allocated, peak)
         max_diff = max(max_diff, int((frames["paged"].int() - frames["dense"].int()).abs().max()))
     report = BenchReport(blocks, repeats, plan.page_bytes * plan.total_pages, results, max_diff)
-    _measure_encode(drivers["paged"], config, blocks, repeats, report, say)
+    if encode:
+        _measure_encode(drivers["paged"], config, blocks, repeats, report, say)
     for frames_total in sweep_frames or []:
         say(f"sweep: {frames_total} frames")
         report.sweep.append(_sweep_point(drivers["paged"], frames_total))

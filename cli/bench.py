@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,9 +30,13 @@ def _parse_sweep(value: str | None) -> list[int]:
     return frames
 
 
-def startup_seconds(args: list[str], runs: int = 5) -> float:
-    """Median wall time of `ardiff ARGS` in a fresh process (what a shell script pays)."""
-    exe = str(Path(sys.argv[0]).resolve())
+def startup_seconds(args: list[str], runs: int = 3) -> float | None:
+    """Median wall time of `ardiff ARGS` in a fresh process (what a shell script pays);
+    None when no installed `ardiff` script is found."""
+    beside = Path(sys.executable).parent / "ardiff"
+    exe = str(beside) if beside.exists() else shutil.which("ardiff")
+    if exe is None:
+        return None
     times = []
     for _ in range(runs):
         start = time.perf_counter()
@@ -46,6 +51,8 @@ def bench_command(
     repeats: int = typer.Option(3, "--repeats", min=1, help="Alternating repeats (A B A B ...)."),
     sweep_frames: str = typer.Option(None, "--sweep-frames", metavar="N,N,...",
                                      help="Rollout lengths for the pages/RSS sweep, e.g. 100,1000."),
+    no_encode: bool = typer.Option(False, "--no-encode", help="Skip the encode-overhead runs "
+                                   "(at least 32 blocks per arm: long on big geometries)."),
     overrides: options.OverrideList = options.SetOpt,
     json_path: str = typer.Option(None, "--json", metavar="PATH",
                                   help="Write the numbers as JSON to PATH ('-': stdout)."),
@@ -57,7 +64,7 @@ def bench_command(
     sweep = _parse_sweep(sweep_frames)
     with handle_errors(debug):
         run_config = load_config(config, list(overrides or []))
-        report = run_bench(run_config, blocks, repeats, sweep,
+        report = run_bench(run_config, blocks, repeats, sweep, encode=not no_encode,
                            on_progress=lambda msg: print(f"bench: {msg}", file=sys.stderr))
         data = report.to_dict()
         data["startup_s"] = {"help": startup_seconds(["--help"]),

@@ -168,9 +168,10 @@ def print_bench(data: dict) -> None:
                   f"{dense['kv_bytes_vs_plan_min']:.2f}", "= 1.00 (paged)",
                   _mark(abs(paged["kv_bytes_vs_plan_min"] - 1) < 0.005))
     table.add_row("max |frame difference|", str(data["max_abs_frame_diff"]), "", "", "")
-    enc = data["encode"]
-    table.add_row("encode overhead", f"{enc['overhead'] * 100:.1f}%", "", "<= 5%",
-                  _mark(enc["overhead"] <= 0.05))
+    overhead = data["encode"]["overhead"]
+    if overhead is not None:
+        table.add_row("encode overhead", f"{overhead * 100:.1f}%", "", "<= 5%",
+                      _mark(overhead <= 0.05))
     growth = data["rss_growth"]
     for point in data["sweep"]:
         table.add_row(f"{point['frames']} frames: pages in use / RSS",
@@ -180,7 +181,7 @@ def print_bench(data: dict) -> None:
                       _mark(growth <= 0.05))
     table.add_row("peak RSS", format_bytes(data["peak_rss_bytes"]), "", "", "")
     startup = data.get("startup_s", {})
-    if startup:
+    if startup.get("help") is not None:
         table.add_row("`ardiff --help` start-up", _seconds(startup["help"]), "", "< 0.5 s",
                       _mark(startup["help"] < 0.5))
         table.add_row("`ardiff inspect-spec` start-up", _seconds(startup["inspect_spec"]), "",
