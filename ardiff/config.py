@@ -173,7 +173,12 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
         if not path.is_file():
             raise ConfigError(f"config: {str(path)!r} does not exist or is not a file; "
                               f"check the path (or omit it to use the embedded default)")
-        data, base_dir = parse_yaml(path.read_text(), str(path)), path.resolve().parent
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config: cannot read {str(path)!r} ({type(exc).__name__}: {exc}); "
+                              f"give a UTF-8 YAML file") from exc
+        data, base_dir = parse_yaml(text, str(path)), path.resolve().parent
     return build_config(data, overrides, base_dir)
 
 

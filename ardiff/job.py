@@ -12,12 +12,13 @@ finalized with every finished frame, and the report says `failed` or
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ardiff.config import RunConfig
-from ardiff.errors import ArdiffError, WarmupError
+from ardiff.errors import ArdiffError, PipelineLoadError, WarmupError
 from ardiff.inspect import effective_spec
 from ardiff.loader import build_pipeline, get_spec
 from ardiff.rollout import BlockEvent, RolloutPlan, check_capacity, iter_rollout, plan_rollout
@@ -45,10 +46,10 @@ def run_rollout(config: RunConfig,
     emit = on_event or (lambda event: None)
     pipeline = build_pipeline(config.pipeline, config.base_dir)
     spec = effective_spec(config, get_spec(pipeline))
-    per_latent = int(getattr(pipeline, "video_frames_per_latent_frame", 1))
-    plan = plan_rollout(config, spec, spec.frames_per_block * per_latent)
+    plan = plan_rollout(config, spec, spec.frames_per_block * _video_frames_per_latent(pipeline))
+    out = config.output
     for stream in plan.streams:
-        check_output_path(stream.output_path, config.output.codec)
+        check_output_path(stream.output_path, out.codec, out.crf, out.preset)
     runner = Runner.from_pipeline(pipeline, config)
     try:
         check_capacity(plan, runner.plan.session_capacity)
@@ -64,6 +65,15 @@ def run_rollout(config: RunConfig,
     _finish_report(report, runner)
     emit(ProgressEvent("done", report.frames_written, report.frames_requested))
     return report
+
+
+def _video_frames_per_latent(pipeline: Any) -> int:
+    value = getattr(pipeline, "video_frames_per_latent_frame", 1)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise PipelineLoadError(f"pipeline: video_frames_per_latent_frame is {value!r}; it must "
+                                f"be an integer >= 1 (video frames the decoder makes per latent "
+                                f"frame), or leave it undefined for 1")
+    return int(value)
 
 
 def _new_report(config: RunConfig, plan: RolloutPlan, runner: Any) -> RolloutReport:

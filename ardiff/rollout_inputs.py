@@ -53,9 +53,9 @@ def _load_actions_file(path: Path) -> tuple[str, object]:
     where = f"rollout.actions ({path})"
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"rollout.actions: cannot read {str(path)!r} ({exc.__class__.__name__}"
-                          f"); give a YAML file with a list of actions") from exc
+                          f"); give a UTF-8 YAML file with a list of actions") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -76,8 +76,8 @@ def _action_entry(entry: object, where: str) -> tuple[str, ...]:
 
 def output_path_for(template: str, index: int, num_streams: int) -> Path:
     """The output of stream `index`: `{index}` in the template, or `-<index>` before the suffix."""
-    if "{index}" in template:
-        return Path(template.format(index=index))
+    if "{index}" in template:  # replace, not format: other braces in a name stay as they are
+        return Path(template.replace("{index}", str(index)))
     if num_streams == 1:
         return Path(template)
     path = Path(template)

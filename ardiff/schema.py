@@ -37,7 +37,7 @@ def build(cls: type, data: Any, path: str) -> Any:
         if name in data:
             values[name] = convert(hints[name], data[name], where)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{where}: required key is missing")
+            raise ConfigError(f"{where}: required key is missing; add it to the config")
     try:
         return cls(**values)
     except ConfigError:

@@ -48,13 +48,16 @@ _RATE_MAX_DENOMINATOR = 1001  # NTSC rates (30000/1001) stay exact
 _END = None  # the queue's end marker
 
 
-def check_output_path(path: str | os.PathLike, codec: str | None = None) -> Path:
+def check_output_path(path: str | os.PathLike, codec: str | None = None,
+                      crf: int | None = None, preset: str | None = None) -> Path:
     """Check, before any compute, that a video can be written at `path`; returns it as a Path.
 
     A path ending with '/', without a suffix, or naming an existing folder means a PNG
     folder (created by the writer; its parent must exist). Creates nothing. Raises
     OutputPathError naming `output.path` (missing or unwritable folder, unsupported
-    suffix) or `output.codec` (not a codec of the format, or missing from PyAV's FFmpeg).
+    suffix) or `output.codec` (not a codec of the format, or missing from PyAV's FFmpeg),
+    and ConfigError naming `output.crf` / `output.preset` (out of range, or not a knob
+    of the codec).
     """
     target = Path(path)
     kind = output_kind(path)
@@ -69,7 +72,7 @@ def check_output_path(path: str | os.PathLike, codec: str | None = None) -> Path
     _check_folder(path, target.parent)
     if kind == encoders.DIRECTORY and target.is_dir():
         _check_folder(path, target)
-    encoders.resolve_codec(kind, codec)
+    encoders.EncoderSettings(kind, encoders.resolve_codec(kind, codec), crf, preset)
     return target
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -21,13 +22,21 @@ def _absolute(path: Optional[Path]) -> Optional[str]:
 
 
 def _check_json_path(json_path: Optional[str]) -> None:
-    """The stats file's folder must exist before the run, or the stats would be lost after it."""
+    """The stats file must be writable before the run, or the stats would be lost after it."""
     if json_path in (None, "-"):
         return
-    folder = Path(json_path).expanduser().parent
+    path = Path(json_path).expanduser()
+    folder = path.parent
     if not folder.is_dir():
         raise ConfigError(f"--json: {json_path!r} is in a folder that does not exist "
                           f"({str(folder)!r}); create it first or pick another path")
+    if path.is_dir():
+        raise ConfigError(f"--json: {json_path!r} is a folder; give a file name like "
+                          f"{str(path / 'stats.json')!r}")
+    writable = os.access(path, os.W_OK) if path.exists() else os.access(folder, os.W_OK | os.X_OK)
+    if not writable:
+        raise ConfigError(f"--json: {json_path!r} is not writable; fix the permissions of the "
+                          f"file or of its folder {str(folder)!r}, or pick another path")
 
 
 def rollout_command(
@@ -65,21 +74,38 @@ def rollout_command(
         show = progress.wants_progress(no_progress or quiet)
         with progress.RolloutProgress(enabled=show) as bar:
             report = run_rollout(run_config, on_event=bar.update)
-    _emit(report, json_path, quiet)
+    json_error = _emit(report, json_path, quiet)
     if report.status != "ok":
+        if json_error:
+            print(f"warning: {json_error}", file=sys.stderr)
         if debug and report.exception is not None:
             traceback.print_exception(report.exception)
         print(f"error: {' '.join((report.error or report.status).split())}", file=sys.stderr)
         raise typer.Exit(report.exit_code)
+    if json_error:  # the run went well but a script would miss its stats
+        print(f"error: {json_error}", file=sys.stderr)
+        raise typer.Exit(1)
 
 
-def _emit(report, json_path: Optional[str], quiet: bool) -> None:
+def _emit(report, json_path: Optional[str], quiet: bool) -> Optional[str]:
+    """Warnings, the JSON and the summary; returns why the JSON file could not be written."""
     data = report.to_dict()
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    json_error = None
     if json_path == "-":
         print(json.dumps(data, indent=2))
     elif json_path:
-        Path(json_path).write_text(json.dumps(data, indent=2) + "\n")
+        json_error = _write_json(Path(json_path).expanduser(), data)
     if not quiet:
         render.print_rollout(data, to_stderr=json_path == "-")
+    return json_error
+
+
+def _write_json(path: Path, data: dict) -> Optional[str]:
+    try:
+        path.write_text(json.dumps(data, indent=2) + "\n")
+    except OSError as exc:  # e.g. the disk filled up during the run
+        return (f"--json: cannot write {str(path)!r} ({type(exc).__name__}: {exc}); the video "
+                f"is kept; check free disk space and permissions")
+    return None

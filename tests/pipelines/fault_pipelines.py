@@ -1,0 +1,136 @@
+"""A pipeline that goes wrong on purpose, for tests/test_faults.py and tests/test_catalogue.py.
+
+`FaultPipeline` is a tiny but real KV pipeline (2 layers, blocks of 2 frames of
+2 tokens, a 4-frame window with a 1-frame sink): every forward runs one probe
+and one commit through the KV state API. Frame `f` of the video (block
+`b`, frame `i`: f = b * 2 + i) is filled with the value `f % 256`, so a test
+reads off a video exactly which blocks it holds. Warmup requests carry
+`extra={"warmup": True}`; the faults aimed at the rollout leave them alone.
+
+`fault` picks what goes wrong and `at_block` at which rollout block:
+
+    forward     generate_block raises RuntimeError at `stage`: before (no KV touched),
+                probe (inside the probe block), commit (inside the commit block, after
+                layer 0 attended), after_commit (the block's history already written)
+    interrupt   generate_block raises KeyboardInterrupt inside the commit block (Ctrl-C)
+    reset_hook  reset_ar_diffusion_session drops its state, then raises
+    close_hook  close_ar_diffusion_session drops its state, then raises
+    warmup      every warmup forward raises (rollout blocks are fine)
+    load        load(device, dtype) raises (weights missing)
+    dtype       BlockOutput.frames is float32 from `at_block` on
+    shape       BlockOutput.frames has 4 channels from `at_block` on
+    size        BlockOutput.frames grow by 2 pixels a side from `at_block` on
+
+Self-contained (only the public `ardiff` API), so the installed command loads it
+as `/abs/path/fault_pipelines.py:FaultPipeline` in another process too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import ardiff
+
+BRANCH = "main"
+FRAMES_PER_BLOCK = 2
+STAGES = ("before", "probe", "commit", "after_commit")
+FAULTS = ("forward", "interrupt", "reset_hook", "close_hook", "warmup", "load", "dtype",
+          "shape", "size")
+
+# 2 layers x 1 KV head x 8 dims, 2 tokens per frame, blocks of 2 frames, a 4-frame
+# window with a 1-frame sink: 3 frames (3 pages) of history per session.
+FAULT_SPEC = dict(num_layers=2, num_kv_heads=1, head_size=8, tokens_per_frame=2,
+                  frames_per_block=FRAMES_PER_BLOCK, window_frames=4, sink_frames=1,
+                  session_capacity=2)
+
+
+def paint(frame: int) -> int:
+    """The value every pixel of video frame `frame` holds."""
+    return frame % 256
+
+
+class InjectedFault(RuntimeError):
+    """What FaultPipeline raises on purpose."""
+
+
+class FaultPipeline:
+    """A real (tiny) KV pipeline with one fault switched on (or none: `fault=None`)."""
+
+    def __init__(self, fault: str | None = None, at_block: int = 0, stage: str = "commit",
+                 frame_size: int = 16, warmup_blocks: int = 2,
+                 video_frames_per_latent_frame: int = 1, **spec_fields) -> None:
+        if fault is not None and fault not in FAULTS:
+            raise ValueError(f"fault {fault!r} is not one of {', '.join(FAULTS)}")
+        if stage not in STAGES:
+            raise ValueError(f"stage {stage!r} is not one of {', '.join(STAGES)}")
+        self.fault, self.at_block, self.stage = fault, at_block, stage
+        self.frame_size, self.warmup_blocks = frame_size, warmup_blocks
+        self.video_frames_per_latent_frame = video_frames_per_latent_frame  # planning only
+        self.spec = ardiff.ARDiffusionKVCacheSpec(**{**FAULT_SPEC, **spec_fields})
+        self.sessions: set[str] = set()  # model-owned state: sessions with a decoder
+
+    # -- contract --------------------------------------------------------------------
+    def get_ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
+        return self.spec
+
+    def load(self, device, dtype) -> None:
+        if self.fault == "load":
+            raise InjectedFault("checkpoint /models/missing.safetensors not found")
+
+    def reset_ar_diffusion_session(self, session_id: str) -> None:
+        self.sessions.discard(session_id)
+        if self.fault == "reset_hook":
+            raise InjectedFault(f"reset hook of {session_id!r}")
+
+    def close_ar_diffusion_session(self, session_id: str) -> None:
+        self.sessions.discard(session_id)
+        if self.fault == "close_hook":
+            raise InjectedFault(f"close hook of {session_id!r}")
+
+    def ar_diffusion_warmup_requests(self) -> list[ardiff.RolloutRequest]:
+        return [ardiff.RolloutRequest("warmup", block_index=i, prompt="warmup",
+                                      extra={"warmup": True})
+                for i in range(self.warmup_blocks)]
+
+    def generate_block(self, request: ardiff.RolloutRequest, state) -> ardiff.BlockOutput:
+        if request.extra.get("warmup") and self.fault == "warmup":
+            raise InjectedFault(f"warmup block {request.block_index}")
+        faulty = not request.extra.get("warmup") and request.block_index >= self.at_block
+        strike = faulty and request.block_index == self.at_block
+        self._strike(strike, "before")
+        self.sessions.add(request.session_id)
+        with state.block(BRANCH, commit=False) as blk:
+            self._attend_all(blk, strike, "probe")
+        with state.block(BRANCH, commit=True) as blk:
+            self._attend_all(blk, strike, "commit")
+        self._strike(strike, "after_commit")
+        return ardiff.BlockOutput(frames=self._frames(request.block_index, faulty))
+
+    # -- inside ------------------------------------------------------------------------
+    def _attend_all(self, blk, strike: bool, stage: str) -> None:
+        s = self.spec
+        x = torch.zeros(blk.num_frames * s.tokens_per_frame, s.num_kv_heads, s.head_size)
+        for layer in range(s.num_layers):
+            if layer == 1:  # layer 0's K/V already sit in in-flight pages
+                self._strike(strike, stage)
+            blk.attend(layer, x, x, x)  # [tokens, heads, head_size]
+
+    def _strike(self, strike: bool, stage: str) -> None:
+        if not strike:
+            return
+        if self.fault == "interrupt" and stage == "commit":
+            raise KeyboardInterrupt
+        if self.fault == "forward" and stage == self.stage:
+            raise InjectedFault(f"forward of block {self.at_block} ({stage})")
+
+    def _frames(self, block_index: int, faulty: bool) -> torch.Tensor:
+        """[F, H, W, 3] uint8 (or broken from `at_block` on, as `fault` says)."""
+        first = block_index * FRAMES_PER_BLOCK
+        values = torch.tensor([paint(first + i) for i in range(FRAMES_PER_BLOCK)],
+                              dtype=torch.uint8)
+        side = self.frame_size + (2 if faulty and self.fault == "size" else 0)
+        channels = 4 if faulty and self.fault == "shape" else 3
+        frames = values[:, None, None, None].expand(FRAMES_PER_BLOCK, side, side, channels)
+        if faulty and self.fault == "dtype":
+            return frames.float()
+        return frames.contiguous()
