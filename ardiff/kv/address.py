@@ -13,6 +13,7 @@ megabytes (a Wan-sized frame), so storage picks by stretch size.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,7 @@ class TokenAddress:
     def num_tokens(self) -> int:
         return self.index.numel()
 
+    @functools.cached_property
     def tokens_per_run(self) -> float:
         return self.num_tokens / max(1, len(self.runs))
 

@@ -64,19 +64,22 @@ class PagedBranch:
 
     def __init__(self, cache: PagedKVCache, table: PageTable) -> None:
         self.cache, self.table = cache, table
-        self._history: tuple[int, TokenAddress] | None = None  # (table version, address)
+        self._read: tuple[tuple, TokenAddress] | None = None  # (key, address) of the last block
 
     @property
     def num_committed_frames(self) -> int:
         return self.table.num_committed_frames
 
-    def history_address(self) -> TokenAddress:
-        """Where the visible history lives; rebuilt only when the table changed, so the
-        probes of one block share it."""
-        if self._history is None or self._history[0] != self.table.version:
-            address = self.cache.storage.frames_address(self.table.visible_pages)
-            self._history = (self.table.version, address)
-        return self._history[1]
+    def read_address(self, block_frames: list[FramePages]) -> TokenAddress:
+        """Where a block reads: [visible history | the block]. Rebuilt only when the table
+        or the block's pages changed, so the probes and the commit of one block share it."""
+        key = (self.table.version, tuple(block_frames))
+        if self._read is None or self._read[0] != key:
+            storage = self.cache.storage
+            address = storage.frames_address(self.table.visible_pages).concat(
+                storage.frames_address(block_frames))
+            self._read = (key, address)
+        return self._read[1]
 
     def begin(self, num_frames: int) -> PagedBlock:
         return PagedBlock(self, num_frames)
@@ -98,7 +101,7 @@ class PagedBlock:
         self.register_pages = pages[num_frames * ppf:]
         self.block_address = self.storage.frames_address(self.frames)
         # [visible history tokens | this block's tokens]: built once, read by every attend.
-        self.kv_address = branch.history_address().concat(self.block_address)
+        self.kv_address = branch.read_address(self.frames)
         self._registers: dict[int, TokenAddress] = {}  # register count -> address
         self._done = False
 
