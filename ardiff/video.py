@@ -247,10 +247,8 @@ class VideoWriter:
             kept = f"the unfinished file {str(self._work_path)!r} may not play"
         elif not frames:
             kept = "no frame was written"
-        elif self._closed:
-            kept = f"the {frames} frames encoded before it are in {str(self.path)!r}"
-        else:
-            kept = f"the {frames} frames encoded before it are kept until close()"
+        else:  # close() (always run by the rollout) finalizes them into the target
+            kept = f"the {frames} frames encoded before it are kept in {str(self.path)!r}"
         raise EncoderError(f"output.path: encoding {str(self.path)!r} ({self.codec}) failed "
                            f"after {frames} frames ({type(self._error).__name__}: "
                            f"{self._error}); {kept}; check free disk space and permissions, "

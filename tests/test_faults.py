@@ -119,7 +119,7 @@ FAULTS = [
           "the n frames encoded before", FULL_DISK_AFTER,
           rf"^output\.path: encoding 'out\.mp4' \(libx264\) failed after {FULL_DISK_AFTER} "
           rf"frames \(OSError: \[Errno 28\] No space left on device\); the {FULL_DISK_AFTER} "
-          rf"frames encoded before it are in 'out\.mp4'; check free disk space",
+          rf"frames encoded before it are kept in 'out\.mp4'; check free disk space",
           output="out.mp4", disk_full_after=FULL_DISK_AFTER),
     Fault("stats-unwritable", "the `--json` file cannot be written (disk full)", 1, None,
           "every frame", FRAMES, r"^--json: cannot write '/dev/full' \(OSError: \[Errno 28\] "

@@ -176,7 +176,7 @@ def test_disk_full_mid_run_keeps_a_playable_file(tmp_path, monkeypatch):
         while time.monotonic() < deadline:  # write raises once the encoder thread has failed
             writer.write(make_frames(2))
             time.sleep(0.01)
-    with pytest.raises(EncoderError, match=r"out\.mp4.*the 3 frames encoded before it are in"):
+    with pytest.raises(EncoderError, match=r"out\.mp4.*the 3 frames encoded before it are kept in"):
         writer.close()
     with pytest.raises(EncoderError):  # a second close reports the same failure
         writer.close()
