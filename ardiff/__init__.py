@@ -16,10 +16,22 @@ from ardiff.spec import (ARDiffusionCrossAttentionKVSpec, ARDiffusionKVBranchSpe
 
 __version__ = "0.1.0"
 
+# Exported lazily: they import torch, and `ardiff --help` / `inspect-spec` must not.
+_LAZY = {"Runner": "ardiff.runner", "run_rollout": "ardiff.job", "load_config": "ardiff.config",
+         "build_config": "ardiff.config", "RunConfig": "ardiff.config"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ardiff' has no attribute {name!r}")
+
 __all__ = [
     "ARDiffusionCrossAttentionKVSpec", "ARDiffusionKVBranchSpec", "ARDiffusionKVCacheSpec",
     "SupportsARDiffusionPipeline", "SupportsARDiffusionWarmup", "RolloutRequest", "BlockOutput",
     "ArdiffError", "ConfigError", "SpecError", "PipelineLoadError", "CapacityError", "RunError",
     "KVStateError", "SessionError", "BlockOutputError", "PipelineError", "WarmupError",
-    "EncoderError",
+    "EncoderError", "Runner", "run_rollout", "load_config", "build_config", "RunConfig",
 ]

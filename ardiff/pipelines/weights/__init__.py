@@ -1,0 +1,1 @@
+"""Trained weights that ship with ardiff (made by examples/train_world.py)."""

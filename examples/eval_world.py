@@ -1,0 +1,188 @@
+"""Evaluate the bouncing world model on held-out simulated episodes: the README's numbers.
+
+    python examples/eval_world.py                        # the weights shipped with ardiff
+    python examples/eval_world.py --weights world-ckpt/base.safetensors --json metrics.json
+
+- next-frame error: mean squared pixel error (pixels in [0, 1]) of the frame the model
+  predicts after 9 true frames, from pure noise in one step (t = 1) and with the 4-step
+  sampler, against copying the last true frame;
+- position error: the balls' and the sprite's centroids (located by colour) in the
+  first 8 generated frames against the simulator's, in pixels of the 32 x 32 frame
+  (an object the locator cannot find counts as MISSING_PX);
+- balls kept: the fraction of (ball, frame) pairs over frames 26-30 and 92-96 whose
+  pixels of the ball's colour form one blob of about its true area (KEPT_RANGE,
+  KEPT_SPREAD); the simulator itself scores below 1 where balls pass under each other
+  or the sprite.
+
+The rollouts are what `ardiff rollout` makes: the pipeline run by ardiff's runner over
+the paged KV cache, one session per episode (seed = the world; 4 simulator frames, then
+the 4-step sampler), so the numbers are those of the shipped runtime path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import ardiff
+from ardiff.pipelines import bouncing_sim as sim
+from ardiff.pipelines.bouncing import BouncingConfig, BouncingDiT, load_weights
+
+EVAL_SEED = 10_007        # held out: training draws its worlds from default_rng(seed) streams
+EPISODES = 64
+FRAMES = 96
+HISTORY = 9               # true frames before the predicted one (next-frame error)
+POSITION_FRAMES = 8       # generated frames scored for position error
+KEPT_AT = (30, 96)        # frame numbers (1-based) whose 5-frame windows score balls kept
+KEPT_RANGE = (0.5, 1.5)   # area / true area for a ball to count as kept
+KEPT_SPREAD = 1.3         # ... and spread / true spread at most this (one blob, not specks)
+MISSING_PX = 8.0
+
+
+def to_model(frames: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(frames) * 2 - 1
+
+
+def to_pixels(x: torch.Tensor) -> np.ndarray:
+    return ((x.float().clamp(-1, 1) + 1) / 2).numpy()
+
+
+def episodes(count: int, frames: int, seed: int = EVAL_SEED):
+    """Held-out episodes: world seeds (as the pipeline's request.seed), their initial states,
+    random actions [B, frames] and the simulator's frames [B, frames, 3, s, s]."""
+    seeds = [seed + i for i in range(count)]
+    worlds = [sim.SimState.from_seed(s) for s in seeds]
+    state = sim.SimState(*(np.concatenate([getattr(w, name) for w in worlds])
+                           for name in ("pos", "vel", "radius", "colour", "alive", "sprite")))
+    actions = sim.random_actions(np.random.default_rng([seed, count, frames]), count, frames)
+    return seeds, state, actions, sim.simulate(state, actions)[0]
+
+
+def runtime_rollouts(weights: str | None, seeds: list[int], actions: np.ndarray) -> np.ndarray:
+    """Each episode through ardiff's runner and paged cache -> [B, F, 3, s, s] in [0, 1]."""
+    config = ardiff.build_config({"pipeline": {"entry": "ardiff.pipelines.bouncing:BouncingWorld",
+                                        "args": {"weights": weights}},
+                           "runtime": {"device": "cpu", "memory_budget": "64MiB"}})
+    runner, upscale = ardiff.Runner.from_config(config), BouncingConfig().upscale
+    videos = []
+    try:
+        for seed, row in zip(seeds, actions):
+            frames = [runner.execute(ardiff.RolloutRequest(
+                f"episode-{seed}", block_index=f, seed=seed, actions=(sim.ACTIONS[a],),
+                close_session=f == len(row) - 1)).frames for f, a in enumerate(row)]
+            video = torch.cat(frames)[:, ::upscale, ::upscale].permute(0, 3, 1, 2)
+            videos.append(video.float().numpy() / 255)
+    finally:
+        runner.close()
+    return np.stack(videos)
+
+
+@torch.inference_mode()
+def sample_next(model: BouncingDiT, history: torch.Tensor, actions: torch.Tensor,
+                start: int, noise: torch.Tensor, num_steps: int) -> torch.Tensor:
+    """The next frame after `history` [B, H, 3, s, s] (frames start..start+H-1) under
+    actions [B, H + 1]: num_steps steps from noise, as the pipeline samples. The history is
+    encoded afresh, so its first frames see less of the past than in a long KV-cache run."""
+    b, h = history.shape[:2]
+    positions = torch.arange(start, start + h + 1)
+    noisy = positions == start + h
+    levels = torch.linspace(1.0, 0.0, num_steps + 1).tolist()
+    x = noise
+    for t, t_next in zip(levels[:-1], levels[1:]):
+        t_slots = torch.zeros(b, h + 1)
+        t_slots[:, -1] = t
+        clean = model.forward_frames(torch.cat([history, x[:, None]], 1), t_slots, actions,
+                                     positions, noisy)[:, -1].clamp(-1, 1)
+        x = clean + t_next * (x - clean) / t
+    return x
+
+
+@torch.inference_mode()
+def next_frame_error(model: BouncingDiT, count: int = 256) -> dict[str, float]:
+    """One-step (t = 1) and sampled next-frame MSE after HISTORY true frames (the window
+    sees the last 4, whose K/V carry the rest, as in the KV cache), vs copy-last-frame."""
+    _, _, actions, frames = episodes(count, HISTORY + 1, EVAL_SEED + 100_000)
+    x, a = to_model(frames), torch.from_numpy(actions)
+    noise = torch.randn(x[:, 0].shape, generator=torch.Generator().manual_seed(1))
+    target = frames[:, -1]
+    one_step = to_pixels(sample_next(model, x[:, :-1], a, 0, noise, 1))
+    sampled = to_pixels(sample_next(model, x[:, :-1], a, 0, noise, model.c.num_steps))
+    return {"next_frame_mse_t1": float(((one_step - target) ** 2).mean()),
+            "next_frame_mse_sampled": float(((sampled - target) ** 2).mean()),
+            "copy_last_frame_mse": float(((frames[:, -2] - target) ** 2).mean())}
+
+
+def position_errors(generated: np.ndarray, true: np.ndarray, state: sim.SimState,
+                    frames: slice) -> dict[str, float]:
+    """Mean centroid distance (px) of balls and sprite, generated vs simulated, over `frames`."""
+    gen, ref = generated[:, frames], true[:, frames]
+    balls_g, balls_t = sim.locate(gen, state.colour), sim.locate(ref, state.colour)
+    full = sim.located_alone(state).area[:, None]                          # [B, 1, balls]
+    visible = state.alive[:, None] & (balls_t.area >= 0.8 * full)          # not occluded
+    ball_dist = np.linalg.norm(balls_g.centre - balls_t.centre, axis=-1)
+    ball_dist = np.nan_to_num(ball_dist, nan=MISSING_PX).clip(max=MISSING_PX)
+    white = np.ones((state.batch, 1, 3), dtype=np.float32)
+    sprite_dist = np.linalg.norm(sim.locate(gen, white).centre - sim.locate(ref, white).centre,
+                                 axis=-1)
+    sprite_dist = np.nan_to_num(sprite_dist, nan=MISSING_PX).clip(max=MISSING_PX)
+    return {"ball_position_error_px": float(ball_dist[visible].mean()),
+            "sprite_position_error_px": float(sprite_dist.mean())}
+
+
+def balls_kept(video: np.ndarray, state: sim.SimState, frame_number: int) -> float:
+    """Fraction of (ball, frame) pairs over the 5 frames ending at `frame_number` (1-based)
+    whose pixels of the ball's colour form one blob of about the ball's size."""
+    found = sim.locate(video[:, frame_number - 5:frame_number], state.colour)
+    alone = sim.located_alone(state)
+    area = found.area / np.maximum(alone.area, 1)[:, None]
+    spread = np.nan_to_num(found.spread, nan=np.inf) / np.maximum(alone.spread, 1e-3)[:, None]
+    kept = (area >= KEPT_RANGE[0]) & (area <= KEPT_RANGE[1]) & (spread <= KEPT_SPREAD)
+    return float(kept[np.broadcast_to(state.alive[:, None], kept.shape)].mean())
+
+
+def evaluate(weights: str | None = None, episodes_count: int = EPISODES) -> dict[str, float]:
+    """Every number of the README for one weights file (None: the shipped weights)."""
+    metrics = next_frame_error(load_weights(BouncingConfig(weights=weights)).eval())
+    seeds, state, actions, true = episodes(episodes_count, FRAMES)
+    video = runtime_rollouts(weights, seeds, actions)
+    context = BouncingConfig().context_frames
+    metrics.update(position_errors(video, true, state,
+                                   slice(context, context + POSITION_FRAMES)))
+    for n in KEPT_AT:
+        metrics[f"balls_kept_{n}"] = balls_kept(video, state, n)
+        metrics[f"sim_balls_kept_{n}"] = balls_kept(true, state, n)
+    return metrics
+
+
+def report(metrics: dict[str, float]) -> str:
+    m = metrics
+    return "\n".join([
+        f"next-frame MSE (t=1, one step)   {m['next_frame_mse_t1']:.4f}",
+        f"next-frame MSE (4-step sampler)  {m['next_frame_mse_sampled']:.4f}",
+        f"copy-last-frame MSE              {m['copy_last_frame_mse']:.4f}",
+        f"ball position error, 8 frames    {m['ball_position_error_px']:.2f} px",
+        f"sprite position error, 8 frames  {m['sprite_position_error_px']:.2f} px",
+        *[f"balls kept at frame {n:<2d}           {m[f'balls_kept_{n}']:.2f}"
+          f"  (simulator {m[f'sim_balls_kept_{n}']:.2f})" for n in KEPT_AT]])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Print the bouncing world model's numbers.")
+    parser.add_argument("--weights", help="a .safetensors file (default: the shipped weights)")
+    parser.add_argument("--episodes", type=int, default=EPISODES)
+    parser.add_argument("--json", type=Path, help="also write the numbers here")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    metrics = evaluate(args.weights, args.episodes)
+    print(report(metrics))
+    if args.json:
+        args.json.write_text(json.dumps(metrics, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
