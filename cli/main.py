@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from ardiff_cli import bench, inspect_spec, rollout, warmup
@@ -25,4 +27,15 @@ def _root() -> None:
 
 
 def main() -> None:
-    app()
+    """Entry point of the `ardiff` script: usage errors become one `error:` line, exit 2."""
+    try:
+        code = app(standalone_mode=False)
+    except Exception as exc:  # Typer's (click's) usage errors; ardiff's are handled per command
+        if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
+            raise
+        message = " ".join(exc.format_message().split())
+        if message:  # empty when the help was shown for a bare `ardiff`
+            command = exc.ctx.command_path if getattr(exc, "ctx", None) else "ardiff"
+            print(f"error: {message} (see `{command} --help`)", file=sys.stderr)
+        code = exc.exit_code
+    sys.exit(code if isinstance(code, int) else 0)
