@@ -23,8 +23,8 @@ import torch
 
 from ardiff.config import RunConfig
 from ardiff.device import free_memory_bytes, resolve_device
-from ardiff.errors import (ArdiffError, BlockOutputError, PipelineError, SessionError,
-                           WarmupError)
+from ardiff.errors import (ArdiffError, BlockOutputError, CapacityError, PipelineError,
+                           SessionError, WarmupError)
 from ardiff.inspect import effective_spec, plan_for
 from ardiff.kv.base import CacheStats, KVCacheBase
 from ardiff.kv.cache import create_cache
@@ -33,6 +33,7 @@ from ardiff.kv.state import KVState
 from ardiff.kv.storage import TORCH_DTYPES
 from ardiff.loader import build_pipeline, get_spec
 from ardiff.request import BlockOutput, RolloutRequest
+from ardiff.sizes import format_bytes
 from ardiff.sessions import Release, SessionInfo, SessionMap
 
 WARMUP_SESSION_ID = "__ardiff_warmup__"
@@ -46,6 +47,20 @@ def bind_ar_diffusion_state(cache: KVCacheBase, session_id: str) -> Iterator[KVS
         yield state
     finally:
         cache.forget_state(state)
+
+
+def _allocate(plan: KVPlan, backend: str, device: str, poison: bool) -> KVCacheBase:
+    """The cache; a budget the device cannot actually provide is a capacity error (exit 3)."""
+    try:
+        return create_cache(plan, backend, device, poison)
+    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
+        if isinstance(exc, RuntimeError) and "alloc" not in str(exc).lower():
+            raise
+        raise CapacityError(
+            f"runtime.memory_budget: allocating the KV cache ({format_bytes(plan.total_bytes)} "
+            f"for {plan.session_capacity} session(s)) on {device} failed "
+            f"({type(exc).__name__}); lower runtime.memory_budget or runtime.max_sessions "
+            f"to what the device really has") from exc
 
 
 @dataclass
@@ -111,7 +126,7 @@ class Runner:
         kv = config.runtime.kv
         plan = plan_for(config, spec, free_memory_bytes(device),
                         stores_registers=kv.backend == "paged")
-        return cls(pipeline, create_cache(plan, kv.backend, device, kv.poison), device)
+        return cls(pipeline, _allocate(plan, kv.backend, device, kv.poison), device)
 
     # -- serving ---------------------------------------------------------------
     def execute(self, request: RolloutRequest) -> BlockOutput:
