@@ -11,7 +11,6 @@ from typing import Optional
 
 import typer
 
-from ardiff.config import load_config
 from ardiff.errors import ConfigError
 from ardiff_cli import options, progress, render
 from ardiff_cli.errors import handle_errors
@@ -65,12 +64,11 @@ def rollout_command(
 
     with handle_errors(debug):
         _check_json_path(json_path)
-        flags = options.flag_overrides(**{
+        run_config = options.load_run_config(config, overrides, {
             "output.path": output, "rollout.frames": frames, "rollout.seed": seed,
             "rollout.prompt": prompt, "rollout.prompts": _absolute(prompts),
             "rollout.actions": _absolute(actions), "output.fps": fps, "runtime.device": device,
             "runtime.dtype": dtype, "runtime.memory_budget": budget})
-        run_config = load_config(config, [*(overrides or []), *flags])
         show = progress.wants_progress(no_progress or quiet)
         with progress.RolloutProgress(enabled=show) as bar:
             report = run_rollout(run_config, on_event=bar.update)
