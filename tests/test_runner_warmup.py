@@ -1,0 +1,126 @@
+"""The runner's warmup (DESIGN §5) and Runner.from_config: load before measuring and planning.
+
+Same probe pipelines as tests/test_runner.py (tests/pipelines/probe_pipeline.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import ardiff
+from ardiff import runner as runner_module
+from ardiff.config import load_config
+from ardiff.runner import WARMUP_SESSION_ID, Runner
+
+sys.path.insert(0, str(Path(__file__).parent / "pipelines"))
+
+import probe_pipeline as probe  # noqa: E402
+from runner_support import (HISTORY_PAGES, frame_ids, make_runner, pages_in_use,  # noqa: E402
+                            probe_config, run)
+
+
+# -- warmup -----------------------------------------------------------------------------------
+def test_warmup_gives_every_page_back_and_is_kept_apart():
+    runner = make_runner(probe.ProbePipeline(warmup_blocks=4))
+
+    report = runner.warmup()
+
+    assert report.skipped_reason is None
+    assert (report.pages_in_use_before, report.pages_in_use_after, report.leaked_pages) == (0, 0, 0)
+    assert len(report.latencies_s) == 4 and report.total_s >= sum(report.latencies_s) * 0.99
+    stats = runner.stats()
+    assert stats.cache.pages_in_use == 0 and stats.cache.pages_peak > 0
+    assert stats.cache.cross_attention_bytes == 0 and len(runner.sessions) == 0
+    assert stats.warmup_latencies_s == report.latencies_s and stats.block_latencies_s == []
+    assert set(stats.sessions.values()) == {0}  # the warmup session is nobody's session
+    pipeline = runner.pipeline
+    assert [r.session_id for r in pipeline.blocks] == [WARMUP_SESSION_ID] * 4
+    assert pipeline.blocks[-1].visible_frames == (0, 4, 5)  # it filled the window and evicted
+    assert pipeline.hook_calls[-1] == ("close", WARMUP_SESSION_ID) and pipeline.model_state == {}
+
+    run(runner, "a", 2)
+    stats = runner.stats()
+    assert len(stats.block_latencies_s) == 2 and len(stats.warmup_latencies_s) == 4
+    assert stats.sessions["created"] == 1
+
+
+def test_warmup_leaves_resident_sessions_alone():
+    runner = make_runner(capacity=2)
+    run(runner, "a", 2)
+    runner.warmup()
+    assert runner.sessions.session_ids == ["a"] and pages_in_use(runner) == HISTORY_PAGES
+    assert frame_ids(run(runner, "a", 1, first_block=2)[0]) == [4, 5]
+
+
+def test_warmup_is_skipped_for_a_pipeline_without_it():
+    runner = make_runner(probe.NoWarmupPipeline())
+    report = runner.warmup()
+    assert "no warmup" in report.skipped_reason
+    assert report.latencies_s == [] and report.leaked_pages == 0
+    assert runner.pipeline.hook_calls == []
+    assert frame_ids(run(runner, "a", 1)[0]) == [0, 1]
+
+
+@pytest.mark.parametrize("fail_in, message", [
+    ("forward", "injected fault in a warmup forward"),
+    ("requests", "injected fault building warmup requests"),
+])
+def test_a_failing_warmup_raises_warmup_error_and_gives_pages_back(fail_in, message):
+    runner = make_runner(probe.FailingWarmupPipeline(fail_in=fail_in))
+    with pytest.raises(ardiff.WarmupError, match=f"warmup failed: .*{message}"):
+        runner.warmup()
+    assert pages_in_use(runner) == 0 and len(runner.sessions) == 0
+    assert runner.cache.cross.num_entries() == 0
+    assert set(runner.stats().sessions.values()) == {0}
+    if fail_in == "forward":
+        assert runner.pipeline.hook_calls[-1] == ("close", WARMUP_SESSION_ID)
+    assert frame_ids(run(runner, "a", 1)[0]) == [0, 1]
+
+
+# -- Runner.from_config: load before planning --------------------------------------------------
+def test_from_config_calls_load_before_measuring_memory_and_planning(tmp_path, monkeypatch):
+    built = []
+    real_build = runner_module.build_pipeline
+    monkeypatch.setattr(runner_module, "build_pipeline",
+                        lambda *args: built.append(real_build(*args)) or built[-1])
+    measured = []
+
+    def free_memory_after_load(device):
+        measured.append((device, list(built[0].load_calls)))
+        return 10_000_000
+
+    monkeypatch.setattr(runner_module, "free_memory_bytes", free_memory_after_load)
+    config = load_config(probe_config(tmp_path, memory_budget=0.5, dtype="bfloat16"))
+
+    runner = Runner.from_config(config)
+
+    assert measured == [("cpu", [("cpu", torch.bfloat16)])]
+    assert runner.plan.budget_bytes == 5_000_000 and runner.plan.dtype == "bfloat16"
+    assert runner.pipeline.load_calls == [("cpu", torch.bfloat16)]
+    assert frame_ids(run(runner, "a", 2)[1]) == [2, 3]  # bf16 K/V through the bf16 cache
+
+
+def test_from_config_wraps_a_failing_load(tmp_path, monkeypatch):
+    def broken_load(self, device, dtype):
+        raise OSError("weights.safetensors: no such file")
+
+    config = load_config(probe_config(tmp_path))
+    real_build = runner_module.build_pipeline
+
+    def build_with_broken_load(*args):
+        pipeline = real_build(*args)
+        monkeypatch.setattr(type(pipeline), "load", broken_load)
+        return pipeline
+
+    monkeypatch.setattr(runner_module, "build_pipeline", build_with_broken_load)
+    with pytest.raises(ardiff.PipelineError, match=r"load\('cpu', float32\) raised OSError"):
+        Runner.from_config(config)
+
+
+def test_from_config_refuses_a_budget_that_holds_no_session(tmp_path):
+    with pytest.raises(ardiff.CapacityError, match="cannot hold one session"):
+        Runner.from_config(load_config(probe_config(tmp_path, memory_budget="1KiB")))
