@@ -327,5 +327,11 @@ def test_override_under_a_scalar():
         build(MINIMAL, ["pipeline.entry.x.y=1"])
 
 
-def test_the_embedded_default_config_is_not_tested_yet():
-    pytest.skip("no ardiff/configs/default.yaml yet")
+def test_the_embedded_default_is_configs_default_yaml():
+    """`ardiff rollout` with no config reads the packaged copy of configs/default.yaml:
+    the trained world model, a scripted action path, an mp4."""
+    embedded = load_config(None)
+    on_disk = load_config(Path(__file__).resolve().parents[1] / "configs" / "default.yaml")
+    assert embedded == on_disk
+    assert embedded.pipeline.entry == "ardiff.pipelines.bouncing:BouncingWorld"
+    assert embedded.output.path.endswith(".mp4") and embedded.rollout.actions
