@@ -62,10 +62,13 @@ def episodes(count: int, frames: int, seed: int = EVAL_SEED):
     return seeds, state, actions, sim.simulate(state, actions)[0]
 
 
-def runtime_rollouts(weights: str | None, seeds: list[int], actions: np.ndarray) -> np.ndarray:
-    """Each episode through ardiff's runner and paged cache -> [B, F, 3, s, s] in [0, 1]."""
+def runtime_rollouts(weights: str | None, seeds: list[int], actions: np.ndarray,
+                     **overrides) -> np.ndarray:
+    """Each episode through ardiff's runner and paged cache -> [B, F, 3, s, s] in [0, 1];
+    `overrides` are pipeline args (BouncingConfig fields)."""
+    args = {"weights": weights, **overrides}
     config = ardiff.build_config({"pipeline": {"entry": "ardiff.pipelines.bouncing:BouncingWorld",
-                                        "args": {"weights": weights}},
+                                               "args": args},
                            "runtime": {"device": "cpu", "memory_budget": "64MiB"}})
     runner, upscale = ardiff.Runner.from_config(config), BouncingConfig().upscale
     videos = []
@@ -144,11 +147,15 @@ def balls_kept(video: np.ndarray, state: sim.SimState, frame_number: int) -> flo
     return float(kept[np.broadcast_to(state.alive[:, None], kept.shape)].mean())
 
 
-def evaluate(weights: str | None = None, episodes_count: int = EPISODES) -> dict[str, float]:
-    """Every number of the README for one weights file (None: the shipped weights)."""
-    metrics = next_frame_error(load_weights(BouncingConfig(weights=weights)).eval())
+def evaluate(weights: str | None = None, episodes_count: int = EPISODES, clips: int = 256,
+             **overrides) -> dict[str, float]:
+    """Every number of the README for one weights file (None: the shipped weights), the
+    pipeline run with args `overrides` (BouncingConfig fields, e.g. num_steps)."""
+    config = BouncingConfig(weights=weights, **overrides)
+    metrics = {"num_steps": config.num_steps,
+               **next_frame_error(load_weights(config).eval(), clips)}
     seeds, state, actions, true = episodes(episodes_count, FRAMES)
-    video = runtime_rollouts(weights, seeds, actions)
+    video = runtime_rollouts(weights, seeds, actions, **overrides)
     context = BouncingConfig().context_frames
     metrics.update(position_errors(video, true, state,
                                    slice(context, context + POSITION_FRAMES)))
@@ -161,6 +168,7 @@ def evaluate(weights: str | None = None, episodes_count: int = EPISODES) -> dict
 def report(metrics: dict[str, float]) -> str:
     m = metrics
     return "\n".join([
+        f"denoising steps per frame        {m['num_steps']}",
         f"next-frame MSE (t=1, one step)   {m['next_frame_mse_t1']:.4f}",
         f"next-frame MSE (4-step sampler)  {m['next_frame_mse_sampled']:.4f}",
         f"copy-last-frame MSE              {m['copy_last_frame_mse']:.4f}",
@@ -174,11 +182,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Print the bouncing world model's numbers.")
     parser.add_argument("--weights", help="a .safetensors file (default: the shipped weights)")
     parser.add_argument("--episodes", type=int, default=EPISODES)
+    parser.add_argument("--num-steps", type=int,
+                        help="denoising steps per frame (default: the pipeline's, 4)")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    metrics = evaluate(args.weights, args.episodes)
+    overrides = {} if args.num_steps is None else {"num_steps": args.num_steps}
+    metrics = evaluate(args.weights, args.episodes, **overrides)
     print(report(metrics))
     if args.json:
         args.json.write_text(json.dumps(metrics, indent=2) + "\n")

@@ -97,9 +97,13 @@ def test_paged_equals_dense(pipeline):
     assert np.array_equal(paged, dense)
 
 
-def test_training_pass_equals_the_kv_cache_path(pipeline):
+@pytest.mark.parametrize("sink", [0, 1])
+def test_training_pass_equals_the_kv_cache_path(sink):
     """forward_frames (block-causal mask, used to train) == forward_block through the KV
-    state (commit clean frames, probe noisy ones), on a clip longer than the window."""
+    state (commit clean frames, probe noisy ones), on a clip longer than the window,
+    with and without a sink frame."""
+    pipeline = BouncingWorld(sink_frames=sink)
+    pipeline.load("cpu", torch.float32)
     model, frames_n = pipeline.model, 8
     gen = torch.Generator().manual_seed(0)
     clean = torch.from_numpy(simulate(1, ["down"] * frames_n)) * 2 - 1
