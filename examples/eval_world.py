@@ -2,6 +2,7 @@
 
     python examples/eval_world.py                        # the weights shipped with ardiff
     python examples/eval_world.py --weights world-ckpt/base.safetensors --json metrics.json
+    python examples/eval_world.py --num-steps 1                          # one denoising step
 
 - next-frame error: mean squared pixel error (pixels in [0, 1]) of the frame the model
   predicts after 9 true frames, from pure noise in one step (t = 1) and with the 4-step
