@@ -1,0 +1,226 @@
+"""The bad-input catalogue's table: every way to get the input of `ardiff` wrong, the
+exit code and the message it must give. tests/test_catalogue.py runs each case and checks
+README.md's "Errors and exit codes" table against it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+BASE = {"pipeline": {"entry": "fault_pipelines.py:FaultPipeline", "args": {}},
+        "runtime": {"device": "cpu", "memory_budget": "16MiB"},
+        "rollout": {"frames": 4, "prompt": "a red ball"},
+        "output": {"path": "out.mp4", "fps": 8}}
+READ_ONLY = "ro"          # the folder of the "not writable" case
+NO_CUDA = "no-cuda"       # a case that needs a machine without CUDA
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad input: what is wrong, the exit code and a regex the `error:` line matches."""
+
+    problem: str                  # the README row
+    code: int
+    pattern: str                  # searched in the message (after "error: ")
+    args: tuple[str, ...] = ()    # after `ardiff COMMAND CONFIG`
+    config: dict | str | bytes | None = None  # a dict merges into BASE; str/bytes: the file
+    files: tuple[tuple[str, str | bytes], ...] = ()  # more inputs beside run.yaml
+    command: str = "rollout"
+    config_arg: str = "run.yaml"
+    needs: str | None = None      # READ_ONLY or NO_CUDA
+    exact: bool = True            # False: the message has machine-specific text
+    subprocess: bool = False      # also run through the installed command
+
+    @property
+    def id(self) -> str:
+        return re.sub(r"[^a-z0-9]+", "-", self.problem.lower()).strip("-")
+
+
+def entry(value: str, **args) -> dict:
+    return {"pipeline": {"entry": value, "args": args}}
+
+
+def args_of(**args) -> dict:
+    return {"pipeline": {"args": args}}
+
+
+def rollout(**values) -> dict:
+    return {"rollout": values}
+
+
+CASES = [
+    # -- the config file --------------------------------------------------------------------
+    Case("config file missing", 2, r"^config: 'nope\.yaml' does not exist or is not a file; "
+         r"check the path", config_arg="nope.yaml", subprocess=True),
+    Case("config file not UTF-8", 2, r"^config: cannot read 'run\.yaml' \(UnicodeDecodeError: "
+         r".*\); give a UTF-8 YAML file", config=b"pipeline: \xff\xfe\n"),
+    Case("YAML syntax error", 2, r"^run\.yaml: YAML syntax error at line 3, column 2: .*; fix "
+         r"the YAML there", config="pipeline:\n  entry: fault_pipelines.py:FaultPipeline\n"
+         " args: {}\n", subprocess=True),
+    Case("top level not a mapping", 2, r"^run\.yaml: the top level must be a mapping of "
+         r"sections \(pipeline, runtime, \.\.\.\), got list", config="- pipeline\n- runtime\n"),
+    Case("required key missing", 2, r"^pipeline: required key is missing; add it",
+         config="rollout: {frames: 4}\n"),
+    Case("unknown key", 2, r"^rollout\.frams: unknown key; did you mean 'frames'\?",
+         config=rollout(frams=4)),
+    Case("unknown section", 2, r"^video: unknown key; known keys: pipeline, runtime, warmup, "
+         r"rollout, output", config={"video": {"fps": 8}}),
+    Case("wrong type", 2, r"^rollout\.frames: expected an integer, got 'many' \(str\)",
+         config=rollout(frames="many")),
+    Case("wrong type of section", 2, r"^runtime: expected a mapping of keys, got 'cpu' \(str\)",
+         config={"runtime": "cpu"}),
+    Case("value not one of the choices", 2, r"^runtime\.kv\.backend: 'flat' \(str\) is not "
+         r"allowed; use one of 'paged', 'dense'", config={"runtime": {"kv": {"backend": "flat"}}}),
+    Case("prompt schedule not starting at frame 0", 2, r"^rollout\.prompt: a schedule must "
+         r"start at frame 0, got frames \[8\]; add \{frame: 0",
+         config=rollout(prompt=[{"frame": 8, "prompt": "a"}])),
+    # -- counts and sizes -------------------------------------------------------------------
+    Case("`--frames 0`", 2, r"^rollout\.frames: 0 is invalid; it must be > 0",
+         args=("--frames", "0"), subprocess=True),
+    Case("`--frames -3`", 2, r"^rollout\.frames: -3 is invalid; it must be > 0",
+         args=("--frames", "-3")),
+    Case("zero sessions", 2, r"^runtime\.max_sessions: 0 is invalid; it must be > 0",
+         config={"runtime": {"max_sessions": 0}}),
+    Case("zero window", 2, r"^runtime\.kv\.window_frames: 0 is invalid; it must be > 0",
+         args=("--set", "runtime.kv.window_frames=0")),
+    Case("negative sink", 2, r"^runtime\.kv\.sink_frames: -1 is invalid; it must be >= 0",
+         config={"runtime": {"kv": {"sink_frames": -1}}}),
+    Case("zero denoising steps", 2, r"^rollout\.num_steps: 0 is invalid; it must be > 0",
+         config=rollout(num_steps=0)),
+    Case("`--fps 0`", 2, r"^output\.fps: 0\.0 must be > 0; try 16", args=("--fps", "0")),
+    Case("malformed size", 2, r"^runtime\.memory_budget: 'lots' is not a size; write bytes like "
+         r"6GiB", args=("--budget", "lots")),
+    Case("unknown size unit", 2, r"^runtime\.memory_budget: '12XB' has unknown unit 'XB'; use "
+         r"one of B, KB", args=("--budget", "12XB")),
+    Case("zero budget", 2, r"^runtime\.memory_budget: '0' must be more than 0 bytes",
+         args=("--budget", "0")),
+    Case("budget neither fraction nor bytes", 2, r"^runtime\.memory_budget: 1\.5 is neither a "
+         r"fraction in \(0, 1\] nor a whole number of bytes", config={"runtime": {
+             "memory_budget": 1.5}}),
+    # -- the pipeline entry point and its spec --------------------------------------------
+    Case("entry module missing", 2, r"^pipeline\.entry: module 'no_such_module' not found; "
+         r"check the spelling or install", config=entry("no_such_module:Pipeline"),
+         subprocess=True),
+    Case("entry file missing", 2, r"^pipeline\.entry: file 'missing\.py' not found \(paths are "
+         r"relative to the config file's folder", config=entry("missing.py:Pipeline")),
+    Case("entry attribute missing", 2, r"^pipeline\.entry: '.*fault_pipelines\.py' has no "
+         r"attribute 'Nope'; it defines: .*FaultPipeline",
+         config=entry("fault_pipelines.py:Nope"), exact=False),
+    Case("entry malformed", 2, r"^pipeline\.entry: ':Pipeline' is malformed; write "
+         r"package\.module:attr", config=entry(":Pipeline")),
+    Case("entry not a registered name", 2, r"^pipeline\.entry: 'no-such-model' is not a "
+         r"registered pipeline \(known: .*\); use package\.module:attr",
+         config=entry("no-such-model"), exact=False),
+    Case("entry not callable", 2, r"^pipeline\.entry: 'spec_pipelines\.py:NOT_CALLABLE' is a "
+         r"int, not a class or factory", config=entry("spec_pipelines.py:NOT_CALLABLE")),
+    Case("entry file raises on import", 2, r"^pipeline\.entry: running 'broken\.py' raised "
+         r"ImportError: this model needs flash_attn", config=entry("broken.py:Pipeline"),
+         files=(("broken.py", "raise ImportError('this model needs flash_attn')\n"),)),
+    Case("constructor raises", 2, r"^pipeline: constructing "
+         r"'spec_pipelines\.py:ConstructorRaisesPipeline' with args \{\} raised ValueError: no "
+         r"such checkpoint", config=entry("spec_pipelines.py:ConstructorRaisesPipeline")),
+    Case("unknown pipeline argument", 2, r"^pipeline: constructing "
+         r"'fault_pipelines\.py:FaultPipeline' with args \{'colour': 3\} raised TypeError: "
+         r".*unexpected keyword argument 'colour'", args=("--set", "pipeline.args.colour=3")),
+    Case("object lacks protocol methods", 2, r"^pipeline: "
+         r"'spec_pipelines\.py:MissingMethodsPipeline' built a MissingMethodsPipeline that lacks "
+         r"generate_block, close_ar_diffusion_session; implement SupportsARDiffusionPipeline",
+         config=entry("spec_pipelines.py:MissingMethodsPipeline")),
+    Case("bad video_frames_per_latent_frame", 2, r"^pipeline: video_frames_per_latent_frame is "
+         r"0; it must be an integer >= 1", config=args_of(video_frames_per_latent_frame=0)),
+    Case("invalid spec", 2, r"^spec\.num_layers: 0 is invalid; it must be an integer > 0",
+         config=entry("spec_pipelines.py:InvalidSpecPipeline")),
+    Case("invalid spec from pipeline args", 2, r"^pipeline: constructing "
+         r"'fault_pipelines\.py:FaultPipeline' with args \{'frames_per_block': 0\} raised "
+         r"SpecError: spec\.frames_per_block: 0 is invalid; it must be an integer > 0",
+         config=args_of(frames_per_block=0)),
+    Case("spec method raises", 2, r"^pipeline: get_ar_diffusion_kv_cache_spec\(\) raised "
+         r"RuntimeError: geometry unknown before load",
+         config=entry("spec_pipelines.py:SpecRaisesPipeline")),
+    Case("spec method returns no spec", 2, r"^pipeline: get_ar_diffusion_kv_cache_spec\(\) "
+         r"returned a dict; it must return an ARDiffusionKVCacheSpec",
+         config=entry("spec_pipelines.py:WrongSpecTypePipeline")),
+    Case("rollout longer than max_model_len", 2, r"^rollout\.frames: 20 frames need 10 blocks "
+         r"in a row, frame positions up to 20, but the pipeline's max_model_len is 8; lower "
+         r"rollout\.frames to 8", args=("--frames", "20"), config=args_of(max_model_len=8)),
+    Case("interleaved prompts do not fit", 2, r"^rollout\.interleave: 3 prompts need 3 resident "
+         r"sessions but the memory plan fits 2; raise runtime\.memory_budget",
+         config=rollout(prompts=["a", "b", "c"], interleave=True)),
+    Case("the pipeline's load raises", 1, r"^pipeline: load\('cpu', float32\) raised "
+         r"InjectedFault: checkpoint /models/missing\.safetensors not found",
+         config=args_of(fault="load")),
+    # -- --set --------------------------------------------------------------------------------
+    Case("`--set` without `=`", 2, r"^--set: 'novalue' is not KEY=VALUE; write e\.g\. --set "
+         r"runtime\.kv\.window_frames=12", args=("--set", "novalue")),
+    Case("`--set` into a value", 2, r"^--set rollout\.frames\.x: rollout\.frames is a value, not "
+         r"a section; it cannot hold 'x'", args=("--set", "rollout.frames.x=3")),
+    Case("`--set` unknown key", 2, r"^runtime\.kv\.windw_frames: unknown key; did you mean "
+         r"'window_frames'\?", args=("--set", "runtime.kv.windw_frames=3")),
+    Case("`--set` bad value", 2, r"^rollout\.seed: expected an integer, got 'abc' \(str\)",
+         args=("--set", "rollout.seed=abc")),
+    # -- the output ---------------------------------------------------------------------------
+    Case("output folder missing", 2, r"^output\.path: 'missing/out\.mp4' is in a folder that "
+         r"does not exist \('missing'\); create it first", args=("-o", "missing/out.mp4")),
+    Case("output folder not writable", 2, r"^output\.path: 'ro/out\.mp4' is in a folder that is "
+         r"not writable \('ro'\); fix its permissions", args=("-o", "ro/out.mp4"),
+         needs=READ_ONLY),
+    Case("output PNG folder is a file", 2, r"^output\.path: 'frames' is an existing file, and a "
+         r"path without a suffix means a folder of PNG frames; add a suffix",
+         args=("-o", "frames"), files=(("frames", "not a folder\n"),)),
+    Case("unsupported extension", 2, r"^output\.path: 'out\.avi' has an unsupported suffix "
+         r"'\.avi'; use one of \.mp4, \.mkv", args=("-o", "out.avi")),
+    Case("codec not of the format", 2, r"^output\.codec: 'libx265' is not a codec for \.mp4 "
+         r"files; use one of libx264", args=("--set", "output.codec=libx265")),
+    Case("crf out of range", 2, r"^output\.crf: 99 is out of range for libx264 \(0\.\.51\); try "
+         r"23", args=("--set", "output.crf=99")),
+    Case("unknown x264 preset", 2, r"^output\.preset: 'turbo' is not an x264 preset; use one of "
+         r"ultrafast", args=("--set", "output.preset=turbo")),
+    Case("`--json` folder missing", 2, r"^--json: 'missing/stats\.json' is in a folder that does "
+         r"not exist \('missing'\); create it first", args=("--json", "missing/stats.json")),
+    Case("`--json` not writable", 2, r"^--json: 'ro/stats\.json' is not writable; fix the "
+         r"permissions of the file or of its folder 'ro', or pick another path",
+         args=("--json", "ro/stats.json"), needs=READ_ONLY),
+    Case("`--json` names a folder", 2, r"^--json: 'stats' is a folder; give a file name like "
+         r"'stats/stats\.json'", args=("--json", "stats"), files=(("stats/.keep", ""),)),
+    # -- device, dtype, memory ----------------------------------------------------------------
+    Case("unknown device", 2, r"^runtime\.device: 'tpu' is not a device; use cpu, cuda, cuda:N "
+         r"or auto", args=("--device", "tpu")),
+    Case("unknown dtype", 2, r"^runtime\.dtype: 'fp8' \(str\) is not allowed; use one of "
+         r"'float32', 'bfloat16', 'float16'", args=("--dtype", "fp8")),
+    Case("CUDA requested where none exists", 2, r"^runtime\.device: 'cuda' was requested but "
+         r"CUDA is not available on this machine; use --device cpu", args=("--device", "cuda"),
+         needs=NO_CUDA, subprocess=True),
+    Case("budget too small for one session", 3, r"^runtime\.memory_budget: 100B cannot hold one "
+         r"session \(needs 1\.2KiB: 768B per session \+ 512B shared, short by 1\.2KiB\); "
+         r"raise the budget to at least 1\.2KiB",
+         args=("--budget", "100"), subprocess=True),
+    Case("budget too small (`inspect-spec`)", 3, r"^runtime\.memory_budget: 100B cannot hold "
+         r"one session", args=("--budget", "100"), command="inspect-spec"),
+    Case("budget too small (`warmup`)", 3, r"^runtime\.memory_budget: 100B cannot hold one "
+         r"session", args=("--budget", "100"), command="warmup"),
+    # -- prompt and action files --------------------------------------------------------------
+    Case("prompts file missing", 2, r"^rollout\.prompts: cannot read 'nope\.txt' "
+         r"\(FileNotFoundError: .*\); give a UTF-8 text file with one prompt per line",
+         args=("--prompts", "nope.txt")),
+    Case("prompts file empty", 2, r"^rollout\.prompts: 'prompts\.txt' has no prompts; write one "
+         r"per line", args=("--prompts", "prompts.txt"),
+         files=(("prompts.txt", "# nothing yet\n\n"),)),
+    Case("prompts file not UTF-8", 2, r"^rollout\.prompts: cannot read 'prompts\.txt' "
+         r"\(UnicodeDecodeError: .*\); give a UTF-8 text file", args=("--prompts", "prompts.txt"),
+         files=(("prompts.txt", b"\xff\xfe a cat\n"),)),
+    Case("actions file missing", 2, r"^rollout\.actions: cannot read 'nope\.yaml' "
+         r"\(FileNotFoundError\); give a UTF-8 YAML file with a list of actions",
+         args=("--actions", "nope.yaml")),
+    Case("actions file not UTF-8", 2, r"^rollout\.actions: cannot read 'actions\.yaml' "
+         r"\(UnicodeDecodeError\); give a UTF-8 YAML file", args=("--actions", "actions.yaml"),
+         files=(("actions.yaml", b"- \xff\xfe\n"),)),
+    Case("actions file YAML syntax error", 2, r"^rollout\.actions \(actions\.yaml\): YAML syntax "
+         r"error at line 2, column 1; fix the file", args=("--actions", "actions.yaml"),
+         files=(("actions.yaml", "actions: [left\n"),)),
+    Case("actions file not a list", 2, r"^rollout\.actions \(actions\.yaml\): expected a "
+         r"non-empty list of actions, got 'left'", args=("--actions", "actions.yaml"),
+         files=(("actions.yaml", "left\n"),)),
+    Case("actions file entry not an action", 2, r"^rollout\.actions \(actions\.yaml\)\[1\]: 3 is "
+         r"not an action; use a name like left", args=("--actions", "actions.yaml"),
+         files=(("actions.yaml", "- left\n- 3\n"),)),
+]
