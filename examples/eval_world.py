@@ -71,7 +71,7 @@ def runtime_rollouts(weights: str | None, seeds: list[int], actions: np.ndarray,
     config = ardiff.build_config({"pipeline": {"entry": "ardiff.pipelines.bouncing:BouncingWorld",
                                                "args": args},
                            "runtime": {"device": "cpu", "memory_budget": "64MiB"}})
-    runner, upscale = ardiff.Runner.from_config(config), BouncingConfig().upscale
+    runner, upscale = ardiff.Runner.from_config(config), BouncingConfig(**args).upscale
     videos = []
     try:
         for seed, row in zip(seeds, actions):
@@ -157,7 +157,7 @@ def evaluate(weights: str | None = None, episodes_count: int = EPISODES, clips: 
                **next_frame_error(load_weights(config).eval(), clips)}
     seeds, state, actions, true = episodes(episodes_count, FRAMES)
     video = runtime_rollouts(weights, seeds, actions, **overrides)
-    context = BouncingConfig().context_frames
+    context = config.context_frames
     metrics.update(position_errors(video, true, state,
                                    slice(context, context + POSITION_FRAMES)))
     for n in KEPT_AT:

@@ -121,10 +121,8 @@ def train(model, steps: int, lr: float, seed: int, next_batch, log_every: int = 
     return (time.time() - start) / 60
 
 
-MINUTES: dict[str, float] = {}   # training minutes per stage, for the weights' record
-
-
-def train_base(args) -> BouncingDiT:
+def train_base(args, minutes: dict[str, float]) -> BouncingDiT:
+    """Stage 1; its training minutes go to minutes["teacher_forcing"]."""
     torch.manual_seed(args.seed)
     model = BouncingDiT(BouncingConfig())
     print(f"stage 1: teacher forcing, {sum(p.numel() for p in model.parameters()):,} parameters, "
@@ -134,7 +132,7 @@ def train_base(args) -> BouncingDiT:
         clean, actions = simulated_batch(rng, args.batch, CLIP)
         return teacher_forcing_loss(model, clean, actions, gen)
 
-    MINUTES["teacher_forcing"] = train(model.train(), args.base_steps, args.lr, args.seed,
+    minutes["teacher_forcing"] = train(model.train(), args.base_steps, args.lr, args.seed,
                                        next_batch)
     return model.eval()
 
@@ -240,7 +238,8 @@ def rollout_loss(model, history, actions, target, gen) -> torch.Tensor:
     return (error / t.clamp(min=MIN_WEIGHT_T) ** 2).mean()
 
 
-def train_rollout(model: BouncingDiT, args) -> BouncingDiT:
+def train_rollout(model: BouncingDiT, args, minutes: dict[str, float]) -> BouncingDiT:
+    """Stage 2; its training minutes go to minutes["self_rollout"]."""
     print(f"stage 2: self-rollout, {args.rollout_steps} steps of {args.batch} streams "
           f"({ROLLOUT_DEPTH[0]}-{ROLLOUT_DEPTH[1] - 1} generated frames each)", flush=True)
     streams = Streams(model, args.batch, np.random.default_rng([args.seed, 2]))
@@ -251,7 +250,7 @@ def train_rollout(model: BouncingDiT, args) -> BouncingDiT:
         return (rollout_loss(model, history, actions, target, gen)
                 + teacher_forcing_loss(model, clean, clip_actions, gen))
 
-    MINUTES["self_rollout"] = train(model.train(), args.rollout_steps, args.rollout_lr,
+    minutes["self_rollout"] = train(model.train(), args.rollout_steps, args.rollout_lr,
                                     args.seed + 2, next_batch)
     return model.eval()
 
@@ -271,20 +270,22 @@ def is_better(tuned: dict[str, float], base: dict[str, float]) -> bool:
             and tuned["balls_kept_30"] >= base["balls_kept_30"] - 0.01)
 
 
-def ship(args, base_path: Path, tuned_path: Path) -> None:
+def ship(args, base_path: Path, tuned_path: Path, minutes: dict[str, float]) -> None:
     """Evaluate both stages, copy the better one to the package with its numbers."""
     numbers = {"teacher_forcing": evaluate_file(base_path, "stage 1"),
                "self_rollout": evaluate_file(tuned_path, "stage 2")}
     keep = "self_rollout" if is_better(numbers["self_rollout"], numbers["teacher_forcing"]) \
         else "teacher_forcing"
     chosen = tuned_path if keep == "self_rollout" else base_path
-    why = ("the self-rollout stage kept measurably more balls at frame 96" if keep ==
-           "self_rollout" else "the self-rollout stage did not keep measurably more balls "
-           "at frame 96 (see is_better), so the teacher-forcing weights ship")
+    if keep == "self_rollout":
+        why = "the self-rollout stage kept measurably more balls at frame 96 (is_better)"
+    else:
+        why = ("the self-rollout stage did not keep measurably more balls at frame 96 "
+               "(see is_better), so the teacher-forcing weights ship")
     record = {"shipped": keep, "why": why, "metrics": numbers,
               "evaluation": "python examples/eval_world.py (held-out episodes, runtime path)",
               "command": "python examples/train_world.py",
-              "train_minutes": {k: round(v, 1) for k, v in MINUTES.items()},
+              "train_minutes": {k: round(v, 1) for k, v in minutes.items()},
               "recipe": {k: str(v) for k, v in sorted(vars(args).items()) if k != "out"}}
     save_weights(load_weights(BouncingConfig(weights=str(chosen))), SHIPPED, numbers[keep])
     SHIPPED.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
@@ -307,15 +308,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     base_path, tuned_path = args.out / "base.safetensors", args.out / "rollout.safetensors"
+    minutes: dict[str, float] = {}   # training minutes per stage, for the weights' record
     if args.stage in ("all", "base"):
-        save_weights(train_base(args), base_path)
+        save_weights(train_base(args, minutes), base_path)
         print(f"wrote {base_path}", flush=True)
     if args.stage in ("all", "rollout"):
         base_path = args.init or base_path
         model = load_weights(BouncingConfig(weights=str(base_path)))
-        save_weights(train_rollout(model, args), tuned_path)
+        save_weights(train_rollout(model, args, minutes), tuned_path)
         print(f"wrote {tuned_path}", flush=True)
-        ship(args, base_path, tuned_path)
+        ship(args, base_path, tuned_path, minutes)
 
 
 if __name__ == "__main__":
