@@ -1,24 +1,31 @@
 """ardiff: a model-neutral runtime for autoregressive (block-causal) video diffusion.
 
-Pipelines implement `SupportsARDiffusionPipeline` and declare their KV geometry
-with an `ARDiffusionKVCacheSpec`; ardiff plans and owns the cache, the
-sessions, the rollout loop and the video. Everything a pipeline or a script
-needs is exported here.
+Pipelines implement the upstream `SupportsARDiffusionPipeline` contract plus
+ardiff's `generate_block` (`SupportsARDiffusionBlockGeneration`) and declare
+their KV geometry with an `ARDiffusionKVCacheSpec`; ardiff plans and owns the
+cache, the sessions, the rollout loop and the video. Everything a pipeline or
+a script needs is exported here.
 """
 
+from ardiff.contract import (ARDiffusionCrossAttentionKVSpec, ARDiffusionKVBlock,
+                             ARDiffusionKVBranchSpec, ARDiffusionKVCacheSpec, ARDiffusionKVState,
+                             BlockOutput, RolloutRequest, SupportsARDiffusionBlockGeneration,
+                             SupportsARDiffusionPipeline, SupportsARDiffusionWarmup)
 from ardiff.errors import (ArdiffError, BlockOutputError, CapacityError, ConfigError,
-                           EncoderError, KVStateError, PipelineError, PipelineLoadError,
-                           RunError, SessionError, SpecError, WarmupError)
-from ardiff.request import BlockOutput, RolloutRequest
-from ardiff.spec import (ARDiffusionCrossAttentionKVSpec, ARDiffusionKVBranchSpec,
-                         ARDiffusionKVCacheSpec, SupportsARDiffusionPipeline,
-                         SupportsARDiffusionWarmup)
+                           EncoderError, KVStateError, OutputPathError, PipelineError,
+                           PipelineLoadError, RunError, SessionError, SpecError, WarmupError)
 
 __version__ = "0.1.0"
 
 # Exported lazily: they import torch, and `ardiff --help` / `inspect-spec` must not.
-_LAZY = {"Runner": "ardiff.runner", "run_rollout": "ardiff.job", "load_config": "ardiff.config",
-         "build_config": "ardiff.config", "RunConfig": "ardiff.config"}
+_LAZY = {
+    "Runner": "ardiff.engine.runner", "BlockResult": "ardiff.engine.runner",
+    "build_runner": "ardiff.engine.build", "inspect_spec": "ardiff.engine.build",
+    "run_rollout": "ardiff.rollout.job", "ProgressEvent": "ardiff.rollout.job",
+    "RolloutReport": "ardiff.rollout.report",
+    "load_config": "ardiff.config.run", "build_config": "ardiff.config.run",
+    "RunConfig": "ardiff.config.run",
+}
 
 
 def __getattr__(name: str):
@@ -28,10 +35,14 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'ardiff' has no attribute {name!r}")
 
+
 __all__ = [
     "ARDiffusionCrossAttentionKVSpec", "ARDiffusionKVBranchSpec", "ARDiffusionKVCacheSpec",
-    "SupportsARDiffusionPipeline", "SupportsARDiffusionWarmup", "RolloutRequest", "BlockOutput",
-    "ArdiffError", "ConfigError", "SpecError", "PipelineLoadError", "CapacityError", "RunError",
-    "KVStateError", "SessionError", "BlockOutputError", "PipelineError", "WarmupError",
-    "EncoderError", "Runner", "run_rollout", "load_config", "build_config", "RunConfig",
+    "SupportsARDiffusionPipeline", "SupportsARDiffusionWarmup",
+    "SupportsARDiffusionBlockGeneration", "ARDiffusionKVState", "ARDiffusionKVBlock",
+    "RolloutRequest", "BlockOutput",
+    "ArdiffError", "ConfigError", "SpecError", "PipelineLoadError", "OutputPathError",
+    "CapacityError", "RunError", "KVStateError", "SessionError", "BlockOutputError",
+    "PipelineError", "WarmupError", "EncoderError",
+    *_LAZY,
 ]

@@ -19,13 +19,14 @@ from typing import Any, Callable
 
 import torch
 
-from ardiff.config import RunConfig
-from ardiff.loader import build_pipeline
-from ardiff.request import RolloutRequest
-from ardiff.runner import Runner
-from ardiff.stats import peak_rss_bytes, percentile
+from ardiff.config.run import RunConfig
+from ardiff.engine.build import build_runner, resolve
+from ardiff.contract.forward import RolloutRequest
+from ardiff.engine.runner import Runner
+from ardiff.kv.backend import BACKENDS
+from ardiff.sizes import ceil_div
+from ardiff.rollout.report import peak_rss_bytes, percentile
 
-BACKENDS = ("paged", "dense")
 FILL_EXTRA = {"q_tokens": 1}
 ENCODE_MIN_BLOCKS = 32  # pipelines that support it fill the window with cheap queries
 
@@ -99,14 +100,11 @@ def current_rss_bytes() -> int:
 
 def _runners(config: RunConfig) -> dict[str, Runner]:
     """One runner per backend over one loaded pipeline, each sized for one session."""
-    pipeline = build_pipeline(config.pipeline, config.base_dir)
-    runners = {}
-    for i, backend in enumerate(BACKENDS):
-        kv = dataclasses.replace(config.runtime.kv, backend=backend)
-        runtime = dataclasses.replace(config.runtime, kv=kv, max_sessions=1)
-        runners[backend] = Runner.from_pipeline(
-            pipeline, dataclasses.replace(config, runtime=runtime), load_weights=i == 0)
-    return runners
+    config = dataclasses.replace(config, runtime=dataclasses.replace(config.runtime,
+                                                                     max_sessions=1))
+    resolved = resolve(config)
+    return {backend: build_runner(config, resolved, load_weights=i == 0, backend=backend)
+            for i, backend in enumerate(BACKENDS)}
 
 
 class _Driver:
@@ -115,7 +113,7 @@ class _Driver:
     def __init__(self, runner: Runner, config: RunConfig) -> None:
         self.runner, self.config = runner, config
         spec = runner.plan.spec
-        self.fill_blocks = -(-(spec.sink_frames + spec.window_frames) // spec.frames_per_block)
+        self.fill_blocks = ceil_div(spec.sink_frames + spec.window_frames, spec.frames_per_block)
 
     def request(self, session_id: str, block_index: int, fill: bool) -> RolloutRequest:
         r = self.config.rollout
@@ -129,7 +127,7 @@ class _Driver:
         for i in range(self.fill_blocks + blocks):
             fill = i < self.fill_blocks
             start = time.perf_counter()
-            out = self.runner.execute(self.request(session_id, i, fill))
+            out = self.runner.execute(self.request(session_id, i, fill)).output
             if on_frames is not None and not fill:
                 on_frames(out.frames)
             if not fill:
@@ -180,7 +178,7 @@ def _measure_encode(driver: _Driver, config: RunConfig, blocks: int, repeats: in
     At least ENCODE_MIN_BLOCKS blocks per arm, so the per-file cost of opening
     and finalizing the container is weighed against a rollout of some length.
     """
-    from ardiff.video import VideoWriter
+    from ardiff.video.writer import VideoWriter
 
     blocks = max(blocks, ENCODE_MIN_BLOCKS)
     with tempfile.TemporaryDirectory() as tmp:
@@ -201,7 +199,7 @@ def _measure_encode(driver: _Driver, config: RunConfig, blocks: int, repeats: in
 def _sweep_point(driver: _Driver, frames_total: int) -> dict[str, int]:
     spec = driver.runner.plan.spec
     per_block = spec.frames_per_block
-    blocks = -(-frames_total // per_block)
+    blocks = ceil_div(frames_total, per_block)
     pages_max = 0
     session_id = f"sweep-{frames_total}"
     for i in range(blocks):

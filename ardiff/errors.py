@@ -10,17 +10,24 @@ Messages name the field, the value, the rule and the fix, on one line.
 
 from __future__ import annotations
 
+EXIT_OK = 0
+EXIT_FAILED = 1        # the run failed after it started (partial output kept)
+EXIT_USAGE = 2         # bad usage, config or spec
+EXIT_CAPACITY = 3      # does not fit in memory
+EXIT_INTERRUPTED = 130  # Ctrl-C / a signal
+
+
 
 class ArdiffError(Exception):
     """Base of every ardiff error. `exit_code` is what the CLI exits with."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILED
 
 
 class ConfigError(ArdiffError, ValueError):
     """A run config, a CLI option or a `--set` override is invalid."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class SpecError(ConfigError):
@@ -38,13 +45,13 @@ class OutputPathError(ConfigError):
 class CapacityError(ArdiffError):
     """Not even one session fits in the memory budget."""
 
-    exit_code = 3
+    exit_code = EXIT_CAPACITY
 
 
 class RunError(ArdiffError):
     """The run failed after it started (partial output is kept)."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILED
 
 
 class KVStateError(RunError):

@@ -1,4 +1,5 @@
-"""Byte sizes as people write them (`6GiB`, `512MiB`, `1.5GB`, `0.8` of free memory)."""
+"""Byte sizes as people write them (`6GiB`, `512MiB`, `1.5GB`, `0.8` of free memory), and the
+integer arithmetic sizes are made of (`ceil_div`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ _UNITS = {
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 _SIZE_HINT = "write bytes like 6GiB, 512MiB, 1.5GB or 1000000, or a fraction of free memory like 0.8"
+
+
+def ceil_div(a: int, b: int) -> int:
+    """The smallest integer >= a / b (for b > 0), in exact integer arithmetic."""
+    return -(-a // b)
 
 
 @dataclass(frozen=True)

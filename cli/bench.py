@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from ardiff.config import load_config
+from ardiff.config.run import load_config
 from ardiff_cli import options, render
 from ardiff_cli.errors import handle_errors
 

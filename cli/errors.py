@@ -9,9 +9,7 @@ from typing import Iterator
 
 import typer
 
-from ardiff.errors import ArdiffError
-
-EXIT_INTERRUPTED = 130
+from ardiff.errors import EXIT_INTERRUPTED, ArdiffError
 
 
 @contextlib.contextmanager

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ardiff.inspect import inspect_spec
+from ardiff.engine.build import inspect_spec
 from ardiff_cli import options, render
 from ardiff_cli.errors import handle_errors
 

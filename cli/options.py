@@ -38,6 +38,6 @@ def flag_overrides(**flags: object) -> list[str]:
 def load_run_config(config: Optional[Path], overrides: Optional[List[str]],
                     flags: dict[str, object]):
     """The run config: the file (None: the embedded default), then `--set`, then the flags."""
-    from ardiff.config import load_config
+    from ardiff.config.run import load_config
 
     return load_config(config, [*(overrides or []), *flag_overrides(**flags)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from ardiff.inspect import SpecReport
+from ardiff.engine.build import SpecReport
 from ardiff.sizes import format_bytes
 
 console = Console()
@@ -25,7 +25,7 @@ def print_spec_report(report: SpecReport) -> None:
                  "frames_per_block", "max_model_len", "max_scratch_tokens_per_branch"):
         geometry.add_row(name, str(getattr(spec, name)))
     branches = _table("Branches", "name", "local_index")
-    for branch in spec.branches:
+    for branch in spec.kv_branches:
         branches.add_row(branch.name, str(branch.local_index))
     cross = _table("Cross-attention caches", "name", "num_tokens")
     for cache in spec.cross_attention:

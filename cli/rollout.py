@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from ardiff.errors import ConfigError
+from ardiff.errors import EXIT_FAILED, ConfigError
 from ardiff_cli import options, progress, render
 from ardiff_cli.errors import handle_errors
 
@@ -60,7 +60,7 @@ def rollout_command(
     debug: bool = options.DebugOpt,
 ) -> None:
     """Generate a video block by block over the paged KV cache (no CONFIG: the embedded default)."""
-    from ardiff.job import run_rollout  # imports the runtime only when a rollout runs
+    from ardiff.rollout.job import run_rollout  # imports the runtime only when a rollout runs
 
     with handle_errors(debug):
         _check_json_path(json_path)
@@ -82,7 +82,7 @@ def rollout_command(
         raise typer.Exit(report.exit_code)
     if json_error:  # the run went well but a script would miss its stats
         print(f"error: {json_error}", file=sys.stderr)
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
 
 
 def _emit(report, json_path: Optional[str], quiet: bool) -> Optional[str]:

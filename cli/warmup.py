@@ -22,10 +22,10 @@ def warmup_command(
     debug: bool = options.DebugOpt,
 ) -> None:
     """Run the pipeline's warmup requests and check that every KV page came back."""
-    from ardiff.runner import Runner  # imports torch: only when the command runs
+    from ardiff.engine.build import build_runner  # imports torch: only when the command runs
 
     with handle_errors(debug):
-        runner = Runner.from_config(options.load_run_config(config, overrides, {
+        runner = build_runner(options.load_run_config(config, overrides, {
             "runtime.device": device, "runtime.dtype": dtype, "runtime.memory_budget": budget}))
         try:
             report = runner.warmup()

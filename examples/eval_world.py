@@ -71,13 +71,13 @@ def runtime_rollouts(weights: str | None, seeds: list[int], actions: np.ndarray,
     config = ardiff.build_config({"pipeline": {"entry": "ardiff.pipelines.bouncing:BouncingWorld",
                                                "args": args},
                            "runtime": {"device": "cpu", "memory_budget": "64MiB"}})
-    runner, upscale = ardiff.Runner.from_config(config), BouncingConfig(**args).upscale
+    runner, upscale = ardiff.build_runner(config), BouncingConfig(**args).upscale
     videos = []
     try:
         for seed, row in zip(seeds, actions):
             frames = [runner.execute(ardiff.RolloutRequest(
                 f"episode-{seed}", block_index=f, seed=seed, actions=(sim.ACTIONS[a],),
-                close_session=f == len(row) - 1)).frames for f, a in enumerate(row)]
+                close_session=f == len(row) - 1)).output.frames for f, a in enumerate(row)]
             video = torch.cat(frames)[:, ::upscale, ::upscale].permute(0, 3, 1, 2)
             videos.append(video.float().numpy() / 255)
     finally:

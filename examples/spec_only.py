@@ -11,6 +11,7 @@ what such a model costs on a given machine. `generate_block` refuses to run.
 
 from __future__ import annotations
 
+import contextlib
 import ardiff
 
 WAN_1_3B = dict(num_layers=30, num_kv_heads=12, head_size=128, tokens_per_frame=1560,
@@ -29,7 +30,7 @@ class WanSpecOnly:
         self.cfg = cfg
         self.session_capacity = session_capacity
 
-    def get_ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
+    def ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
         names = ("positive", "negative") if self.cfg else ("main",)
         return ardiff.ARDiffusionKVCacheSpec(
             **WAN_1_3B,
@@ -37,7 +38,7 @@ class WanSpecOnly:
             sink_frames=self.sink_frames,
             session_capacity=self.session_capacity,
             max_model_len=ROPE_FRAMES,
-            branches=tuple(ardiff.ARDiffusionKVBranchSpec(name, i) for i, name in enumerate(names)),
+            kv_branches=tuple(ardiff.ARDiffusionKVBranchSpec(name, i) for i, name in enumerate(names)),
             cross_attention=(ardiff.ARDiffusionCrossAttentionKVSpec("text", TEXT_TOKENS),),
         )
 
@@ -46,6 +47,10 @@ class WanSpecOnly:
 
     def reset_ar_diffusion_session(self, session_id: str) -> None:
         pass
+
+    def bind_ar_diffusion_state(self, session_id: str, state) -> contextlib.AbstractContextManager[None]:
+        """The state reaches generate_block as its argument: nothing to bind."""
+        return contextlib.nullcontext()
 
     def close_ar_diffusion_session(self, session_id: str) -> None:
         pass

@@ -18,6 +18,7 @@ but different actions give different frames.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -108,13 +109,14 @@ class ActionWorldModel:
         self.net: WorldNet | None = None
         self.device, self.dtype = torch.device("cpu"), torch.float32
 
-    def get_ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
+    def ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
         c = self.c
         return ardiff.ARDiffusionKVCacheSpec(
             num_layers=c.num_layers, num_kv_heads=c.num_heads, head_size=c.head_size,
             tokens_per_frame=c.grid * c.grid, frames_per_block=c.frames_per_block,
             window_frames=c.window_frames, sink_frames=c.sink_frames,
             session_capacity=c.session_capacity,
+            kv_branches=(ardiff.ARDiffusionKVBranchSpec("main", 0),),
             max_scratch_tokens_per_branch=c.frames_per_block * c.registers_per_action)
 
     def load(self, device, dtype) -> None:
@@ -127,12 +129,16 @@ class ActionWorldModel:
     def reset_ar_diffusion_session(self, session_id: str) -> None:
         pass  # all of this model's session state is its KV history, which ardiff owns
 
+    def bind_ar_diffusion_state(self, session_id: str, state) -> contextlib.AbstractContextManager[None]:
+        """The state reaches generate_block as its argument: nothing to bind."""
+        return contextlib.nullcontext()
+
     def close_ar_diffusion_session(self, session_id: str) -> None:
         pass
 
-    def ar_diffusion_warmup_requests(self) -> list[ardiff.RolloutRequest]:
+    def ar_diffusion_warmup_requests(self, session_id: str) -> list[ardiff.RolloutRequest]:
         blocks = (self.c.sink_frames + self.c.window_frames) // self.c.frames_per_block + 1
-        return [ardiff.RolloutRequest("warmup", block_index=i, actions=("right",), reset=i == 0)
+        return [ardiff.RolloutRequest(session_id, block_index=i, actions=("right",), reset=i == 0)
                 for i in range(blocks)]
 
     def action_ids(self, actions: tuple[str, ...] | None) -> torch.Tensor:

@@ -7,6 +7,7 @@ frames each, so the whole file runs in seconds on a CPU.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -14,14 +15,15 @@ import pytest
 import torch
 
 import ardiff
-from ardiff.config import load_config
-from ardiff.job import run_rollout
-from ardiff.kv.cache import create_cache
+from ardiff.config.run import load_config
+from ardiff.rollout.job import run_rollout
+from ardiff.kv.backend import create_cache
 from ardiff.kv.plan import make_plan
-from ardiff.loader import get_spec
+from ardiff.engine.loader import get_spec
 from ardiff.pipelines import bouncing_sim as sim
 from ardiff.pipelines.bouncing import BouncingConfig, BouncingWorld, load_weights
-from ardiff.runner import Runner, bind_ar_diffusion_state
+from ardiff.kv.state import open_state
+from ardiff.engine.runner import Runner
 
 REPO = Path(__file__).resolve().parents[1]
 BALLS_CONFIG = REPO / "configs" / "balls.yaml"
@@ -54,7 +56,7 @@ def roll(runner: Runner, seed: int, actions: list[str], session: str = "s") -> n
     """One session, one block per action -> frames at model resolution [F, 3, 32, 32] in [0, 1]."""
     last = len(actions) - 1
     frames = [runner.execute(ardiff.RolloutRequest(session, block_index=i, seed=seed, actions=(a,),
-                                                   close_session=i == last)).frames
+                                                   close_session=i == last)).output.frames
               for i, a in enumerate(actions)]
     video = torch.cat(frames)[:, ::UPSCALE, ::UPSCALE]            # [F, 32, 32, 3] uint8
     return video.permute(0, 3, 1, 2).float().numpy() / 255
@@ -69,12 +71,12 @@ def test_shipped_weights_load_without_download(pipeline):
     params = sum(p.numel() for p in pipeline.model.parameters())
     assert 1_000_000 < params < 2_000_000
     assert all(torch.isfinite(p).all() for p in pipeline.model.parameters())
-    spec = pipeline.get_ar_diffusion_kv_cache_spec()
+    spec = pipeline.ar_diffusion_kv_cache_spec()
     assert (spec.tokens_per_frame, spec.frames_per_block, spec.window_frames) == (16, 1, 5)
 
 
 def test_spec_follows_the_config_and_architecture_must_match_the_weights():
-    spec = BouncingWorld(window_frames=7, sink_frames=1).get_ar_diffusion_kv_cache_spec()
+    spec = BouncingWorld(window_frames=7, sink_frames=1).ar_diffusion_kv_cache_spec()
     assert (spec.window_frames, spec.sink_frames, spec.max_scratch_tokens_per_branch) == (7, 1, 2)
     with pytest.raises(ardiff.ConfigError, match=r"pipeline\.args\.dim: 64 does not match"):
         load_weights(BouncingConfig(dim=64))
@@ -120,7 +122,7 @@ def test_training_pass_equals_the_kv_cache_path(sink):
         cache = make_runner(pipeline).cache
         for f in range(frames_n):
             inputs = model.frame_inputs(actions[:, :1], torch.tensor([f]))
-            with bind_ar_diffusion_state(cache, "x") as state:
+            with contextlib.closing(open_state(cache, "x")) as state:
                 with state.block("main") as blk:
                     probe = model.forward_block(noisy[f:f + 1],
                                                 model.conditioning(t[f:f + 1, None]), inputs, blk)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ardiff.config import KVConfig, RuntimeConfig, apply_override, build_config, load_config
+from ardiff.config.run import KVConfig, RuntimeConfig, apply_override, build_config, load_config
 from ardiff.errors import ConfigError
 from ardiff.sizes import MemoryBudget
 

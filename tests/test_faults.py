@@ -32,8 +32,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from ardiff import encoders
-from ardiff.stats import STATS_SCHEMA
+from ardiff.video import encoders
+from ardiff.rollout.report import STATS_SCHEMA
 from ardiff_cli.main import app
 
 REPO = Path(__file__).resolve().parents[1]

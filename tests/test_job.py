@@ -21,13 +21,14 @@ import numpy as np
 import pytest
 import torch
 
-from ardiff import encoders
-from ardiff.config import PromptSwitch, build_config
+from ardiff.video import encoders
+from ardiff.config.run import PromptSwitch, build_config
 from ardiff.errors import ConfigError, OutputPathError, PipelineError
-from ardiff.job import run_rollout
-from ardiff.rollout import build_request, check_capacity, iter_rollout, plan_rollout
-from ardiff.runner import Runner
-from ardiff.stats import STATS_SCHEMA
+from ardiff.rollout.job import run_rollout
+from ardiff.rollout.streams import build_request, check_capacity, iter_rollout, plan_rollout
+from ardiff.engine.build import build_runner
+from ardiff.engine.runner import Runner
+from ardiff.rollout.report import STATS_SCHEMA
 
 PIPELINES_DIR = Path(__file__).parent / "pipelines"
 sys.path.insert(0, str(PIPELINES_DIR))
@@ -132,7 +133,7 @@ def test_interleave_must_fit_every_prompt_at_once(tmp_path):
 
 # -- iter_rollout --------------------------------------------------------------------------
 def rollout_events(config):
-    runner = Runner.from_config(config)
+    runner = build_runner(config)
     plan = plan_rollout(config, runner.cache.spec, FRAMES_PER_BLOCK)
     try:
         return list(iter_rollout(runner, plan)), runner.pipeline, runner.stats()

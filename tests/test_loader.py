@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from ardiff import loader
-from ardiff.config import PipelineConfig, load_config
+from ardiff.engine import loader
+from ardiff.config.run import PipelineConfig, load_config
 from ardiff.errors import PipelineLoadError, SpecError
-from ardiff.inspect import inspect_spec
-from ardiff.loader import build_pipeline, get_spec, resolve_entry
-from ardiff.spec import ARDiffusionKVCacheSpec
+from ardiff.engine.build import inspect_spec
+from ardiff.engine.loader import build_pipeline, get_spec, resolve_entry
+from ardiff.contract.spec import ARDiffusionKVCacheSpec
 
 
 def build(entry: str, base_dir=Path("."), **args):
@@ -42,7 +42,7 @@ def test_module_entry_builds_with_args_as_keywords():
 
 def test_a_factory_function_is_an_entry_too():
     pipeline = build("spec_pipelines:make_good_pipeline", branches=["positive", "negative"])
-    assert [b.name for b in get_spec(pipeline).branches] == ["positive", "negative"]
+    assert [b.name for b in get_spec(pipeline).kv_branches] == ["positive", "negative"]
 
 
 def test_file_entry_is_relative_to_the_config_files_folder(tmp_path, pipelines_file,
@@ -192,21 +192,21 @@ def test_constructor_given_an_unknown_arg():
 
 def test_missing_protocol_methods_are_listed():
     with raises("pipeline: 'spec_pipelines:MissingMethodsPipeline' built a MissingMethodsPipeline "
-                "that lacks generate_block, close_ar_diffusion_session; implement "
-                "SupportsARDiffusionPipeline"):
+                "that lacks bind_ar_diffusion_state, close_ar_diffusion_session, generate_block; "
+                "implement SupportsARDiffusionPipeline and SupportsARDiffusionBlockGeneration"):
         build("spec_pipelines:MissingMethodsPipeline")
 
 
 def test_spec_method_raising_keeps_the_cause():
     pipeline = build("spec_pipelines:SpecRaisesPipeline")
-    with raises("pipeline: get_ar_diffusion_kv_cache_spec() raised RuntimeError: "
+    with raises("pipeline: ar_diffusion_kv_cache_spec() raised RuntimeError: "
                 "geometry unknown before load") as info:
         get_spec(pipeline)
     assert isinstance(info.value.__cause__, RuntimeError)
 
 
 def test_spec_method_returning_a_wrong_type():
-    with raises("pipeline: get_ar_diffusion_kv_cache_spec() returned a dict; it must return an "
+    with raises("pipeline: ar_diffusion_kv_cache_spec() returned a dict; it must return an "
                 "ARDiffusionKVCacheSpec"):
         get_spec(build("spec_pipelines:WrongSpecTypePipeline"))
 

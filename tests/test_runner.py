@@ -9,6 +9,7 @@ cache poisons freed pages with NaN.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from pathlib import Path
@@ -16,9 +17,11 @@ from pathlib import Path
 import pytest
 
 import ardiff
-from ardiff.config import load_config
+from ardiff.config.run import load_config
 from ardiff.kv.plan import make_plan, required_bytes
-from ardiff.runner import WARMUP_SESSION_ID, Runner, bind_ar_diffusion_state
+from ardiff.engine.build import build_runner
+from ardiff.kv.state import open_state
+from ardiff.engine.runner import WARMUP_SESSION_ID, Runner
 
 PIPELINES_FILE = Path(__file__).parent / "pipelines" / "probe_pipeline.py"
 sys.path.insert(0, str(PIPELINES_FILE.parent))
@@ -76,10 +79,10 @@ def test_lru_eviction_closes_the_oldest_session_and_frees_its_kv(backend):
 
 
 def test_a_small_byte_budget_lowers_capacity_and_drives_lru(tmp_path):
-    spec = probe.ProbePipeline().get_ar_diffusion_kv_cache_spec()
+    spec = probe.ProbePipeline().ar_diffusion_kv_cache_spec()
     unbounded = make_plan(spec, "float32", 4, 1 << 40)
     budget = required_bytes(unbounded, 2) + unbounded.bytes_per_session - 1  # 2 fit, not 3
-    runner = Runner.from_config(load_config(probe_config(tmp_path, memory_budget=budget)))
+    runner = build_runner(load_config(probe_config(tmp_path, memory_budget=budget)))
     plan = runner.plan
     assert (plan.spec.session_capacity, plan.session_capacity, plan.budget_bytes) == (8, 2, budget)
     assert runner.cache.stats().pages_total == 2 * HISTORY_PAGES + plan.inflight_pages
@@ -98,7 +101,7 @@ def test_reset_releases_before_the_forward_and_restarts_at_frame_0():
     run(runner, "a", 3)
     before = runner.pipeline.model_state["a"].cross_sets
 
-    output = runner.execute(ardiff.RolloutRequest("a", block_index=3, reset=True))
+    output = runner.execute(ardiff.RolloutRequest("a", block_index=3, reset=True)).output
 
     assert frame_ids(output) == [0, 1]
     assert runner.pipeline.hook_calls[-2:] == [("reset", "a"), ("generate", "a")]
@@ -114,7 +117,7 @@ def test_reset_releases_before_the_forward_and_restarts_at_frame_0():
 
 def test_reset_of_a_new_session_just_starts_it():
     runner = make_runner()
-    output = runner.execute(ardiff.RolloutRequest("new", reset=True))
+    output = runner.execute(ardiff.RolloutRequest("new", reset=True)).output
     assert frame_ids(output) == [0, 1] and runner.stats().sessions["reset"] == 0
 
 
@@ -123,7 +126,7 @@ def test_close_session_closes_after_a_successful_forward(backend):
     runner = make_runner(backend=backend)
     run(runner, "a", 2)
 
-    output = runner.execute(ardiff.RolloutRequest("a", block_index=2, close_session=True))
+    output = runner.execute(ardiff.RolloutRequest("a", block_index=2, close_session=True)).output
 
     assert frame_ids(output) == [4, 5]  # the block ran on the history, then closed
     assert runner.pipeline.hook_calls[-2:] == [("generate", "a"), ("close", "a")]
@@ -157,9 +160,9 @@ def test_close_releases_every_session_once_and_closes_the_runner():
         run(runner, "a", 1)
 
 
-def test_a_state_is_unusable_after_its_bind():
+def test_a_closed_state_is_unusable():
     cache = make_runner().cache
-    with bind_ar_diffusion_state(cache, "a") as state:
+    with contextlib.closing(open_state(cache, "a")) as state:
         assert state.num_committed_frames("main") == 0
     with pytest.raises(ardiff.KVStateError, match="after its bind ended"):
         state.num_committed_frames("main")
@@ -311,5 +314,5 @@ def test_frame_size_must_stay_the_same_within_a_session_only():
         run(runner, "a", 1, first_block=1)
     # A new session (here: the same id after a reset) may change size.
     run(runner, "a", 1)
-    output = runner.execute(ardiff.RolloutRequest("a", block_index=1, reset=True))
+    output = runner.execute(ardiff.RolloutRequest("a", block_index=1, reset=True)).output
     assert tuple(output.frames.shape) == (2, 6, 6, 3)

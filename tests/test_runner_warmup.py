@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import ardiff
-from ardiff import runner as runner_module
-from ardiff.config import load_config
-from ardiff.runner import WARMUP_SESSION_ID, Runner
+from ardiff.engine import build as build_module
+from ardiff.config.run import load_config
+from ardiff.engine.build import build_runner
+from ardiff.engine.runner import WARMUP_SESSION_ID, Runner
 
 sys.path.insert(0, str(Path(__file__).parent / "pipelines"))
 
@@ -81,11 +82,11 @@ def test_a_failing_warmup_raises_warmup_error_and_gives_pages_back(fail_in, mess
     assert frame_ids(run(runner, "a", 1)[0]) == [0, 1]
 
 
-# -- Runner.from_config: load before planning --------------------------------------------------
-def test_from_config_calls_load_before_measuring_memory_and_planning(tmp_path, monkeypatch):
+# -- build_runner: load before planning --------------------------------------------------
+def test_build_runner_calls_load_before_measuring_memory_and_planning(tmp_path, monkeypatch):
     built = []
-    real_build = runner_module.build_pipeline
-    monkeypatch.setattr(runner_module, "build_pipeline",
+    real_build = build_module.build_pipeline
+    monkeypatch.setattr(build_module, "build_pipeline",
                         lambda *args: built.append(real_build(*args)) or built[-1])
     measured = []
 
@@ -93,10 +94,10 @@ def test_from_config_calls_load_before_measuring_memory_and_planning(tmp_path, m
         measured.append((device, list(built[0].load_calls)))
         return 10_000_000
 
-    monkeypatch.setattr(runner_module, "free_memory_bytes", free_memory_after_load)
+    monkeypatch.setattr(build_module, "free_memory_bytes", free_memory_after_load)
     config = load_config(probe_config(tmp_path, memory_budget=0.5, dtype="bfloat16"))
 
-    runner = Runner.from_config(config)
+    runner = build_runner(config)
 
     assert measured == [("cpu", [("cpu", torch.bfloat16)])]
     assert runner.plan.budget_bytes == 5_000_000 and runner.plan.dtype == "bfloat16"
@@ -104,23 +105,23 @@ def test_from_config_calls_load_before_measuring_memory_and_planning(tmp_path, m
     assert frame_ids(run(runner, "a", 2)[1]) == [2, 3]  # bf16 K/V through the bf16 cache
 
 
-def test_from_config_wraps_a_failing_load(tmp_path, monkeypatch):
+def test_build_runner_wraps_a_failing_load(tmp_path, monkeypatch):
     def broken_load(self, device, dtype):
         raise OSError("weights.safetensors: no such file")
 
     config = load_config(probe_config(tmp_path))
-    real_build = runner_module.build_pipeline
+    real_build = build_module.build_pipeline
 
     def build_with_broken_load(*args):
         pipeline = real_build(*args)
         monkeypatch.setattr(type(pipeline), "load", broken_load)
         return pipeline
 
-    monkeypatch.setattr(runner_module, "build_pipeline", build_with_broken_load)
+    monkeypatch.setattr(build_module, "build_pipeline", build_with_broken_load)
     with pytest.raises(ardiff.PipelineError, match=r"load\('cpu', float32\) raised OSError"):
-        Runner.from_config(config)
+        build_runner(config)
 
 
-def test_from_config_refuses_a_budget_that_holds_no_session(tmp_path):
+def test_build_runner_refuses_a_budget_that_holds_no_session(tmp_path):
     with pytest.raises(ardiff.CapacityError, match="cannot hold one session"):
-        Runner.from_config(load_config(probe_config(tmp_path, memory_budget="1KiB")))
+        build_runner(load_config(probe_config(tmp_path, memory_budget="1KiB")))

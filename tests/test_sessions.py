@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ardiff.sessions import Release, SessionMap
+from ardiff.engine.sessions import Release, SessionMap
 
 WARMUP = "__warmup__"
 

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from ardiff.config import build_config
-from ardiff.rollout import iter_rollout, plan_rollout
-from ardiff.runner import Runner
+from ardiff.config.run import build_config
+from ardiff.rollout.streams import iter_rollout, plan_rollout
+from ardiff.engine.build import build_runner
+from ardiff.engine.runner import Runner
 
 SOAK_FRAMES = 10_000
 RSS_BASELINE_FRAMES = 1_000
@@ -72,7 +73,7 @@ def check_pool(runner: Runner, session_id: str, committed_frames: int) -> None:
 def test_a_10000_frame_rollout_keeps_the_pool_bounded_and_rss_flat(
         tmp_path, frames_per_block, tokens_per_frame, page_tokens):
     config = soak_config(tmp_path, frames_per_block, tokens_per_frame, page_tokens)
-    runner = Runner.from_config(config)
+    runner = build_runner(config)
     plan = plan_rollout(config, runner.cache.spec, frames_per_block)
     baseline = None
     try:

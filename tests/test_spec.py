@@ -9,10 +9,10 @@ import pytest
 from spec_pipelines import TINY_SPEC, GoodPipeline, MissingMethodsPipeline
 
 from ardiff.errors import ConfigError, SpecError
-from ardiff.spec import ARDiffusionCrossAttentionKVSpec as Cross
-from ardiff.spec import ARDiffusionKVBranchSpec as Branch
-from ardiff.spec import ARDiffusionKVCacheSpec as Spec
-from ardiff.spec import (SupportsARDiffusionPipeline, apply_overrides, missing_pipeline_methods,
+from ardiff.contract.spec import ARDiffusionCrossAttentionKVSpec as Cross
+from ardiff.contract.spec import ARDiffusionKVBranchSpec as Branch
+from ardiff.contract.spec import ARDiffusionKVCacheSpec as Spec
+from ardiff.contract.spec import (SupportsARDiffusionPipeline, apply_overrides, missing_pipeline_methods,
                          spec_to_dict)
 
 
@@ -65,7 +65,7 @@ def test_defaults_of_the_seed_design():
                 frames_per_block=1, window_frames=1)
     assert (spec.sink_frames, spec.reset_at_boundary, spec.session_capacity) == (0, False, 1)
     assert spec.max_model_len == 1_000_000
-    assert spec.branches == (Branch("main", 0),)
+    assert spec.kv_branches == (Branch("main", 0),)
     assert spec.cross_attention == ()
     assert (spec.max_scratch_tokens_per_branch, spec.model_owned_state_bytes_per_session) == (0, 0)
 
@@ -80,45 +80,45 @@ def test_spec_errors_are_config_errors_with_exit_code_2():
 
 @pytest.mark.parametrize("name", ["", "   ", None, 3])
 def test_branch_name_must_be_a_non_empty_string(name):
-    with raises(f"spec.branches[].name: {name!r} is invalid; it must be a non-empty string"):
+    with raises(f"spec.kv_branches[].name: {name!r} is invalid; it must be a non-empty string"):
         Branch(name, 0)
 
 
 @pytest.mark.parametrize("index", [-1, True, 0.0])
 def test_branch_local_index_must_be_a_non_negative_int(index):
-    with raises(f"spec.branches[cfg].local_index: {index!r} is invalid; "
+    with raises(f"spec.kv_branches[cfg].local_index: {index!r} is invalid; "
                 f"it must be an integer >= 0"):
         Branch("cfg", index)
 
 
 def test_at_least_one_branch():
-    with raises("spec.branches: [] is invalid; it must be at least one branch"):
-        make(branches=())
+    with raises("spec.kv_branches: [] is invalid; it must be at least one branch"):
+        make(kv_branches=())
 
 
 def test_branch_names_are_unique():
-    with raises("spec.branches: ['main', 'main'] is invalid; it must be unique branch names"):
-        make(branches=(Branch("main", 0), Branch("main", 1)))
+    with raises("spec.kv_branches: ['main', 'main'] is invalid; it must be unique branch names"):
+        make(kv_branches=(Branch("main", 0), Branch("main", 1)))
 
 
 def test_branches_must_be_branch_specs():
-    with raises("spec.branches: 'main' is invalid; "
+    with raises("spec.kv_branches: 'main' is invalid; "
                 "it must be a list of ARDiffusionKVBranchSpec"):
-        make(branches=("main",))
+        make(kv_branches=("main",))
 
 
 @pytest.mark.parametrize("value", [Branch("main", 0), None, "main"])
 def test_branches_must_be_a_list(value):
-    with raises(f"spec.branches: {value!r} is invalid; "
+    with raises(f"spec.kv_branches: {value!r} is invalid; "
                 f"it must be a list of ARDiffusionKVBranchSpec"):
-        make(branches=value)
+        make(kv_branches=value)
 
 
 def test_local_indices_may_repeat_but_must_cover_zero_to_max():
-    shared = make(branches=(Branch("positive", 0), Branch("negative", 0)))
+    shared = make(kv_branches=(Branch("positive", 0), Branch("negative", 0)))
     assert shared.num_local_kv_branches == 1
     assert shared.num_logical_branches == 2
-    three = make(branches=(Branch("a", 1), Branch("b", 0), Branch("c", 1)))
+    three = make(kv_branches=(Branch("a", 1), Branch("b", 0), Branch("c", 1)))
     assert (three.num_local_kv_branches, three.num_logical_branches) == (2, 3)
 
 
@@ -126,13 +126,13 @@ def test_local_indices_may_repeat_but_must_cover_zero_to_max():
     ((1,), "[1]"), ((0, 2), "[0, 2]"), ((0, 0, 3), "[0, 3]")])
 def test_local_indices_with_a_gap_are_rejected(indices, shown):
     branches = tuple(Branch(f"b{i}", index) for i, index in enumerate(indices))
-    with raises(f"spec.branches[].local_index: {shown} is invalid; it must be exactly 0..max "
+    with raises(f"spec.kv_branches[].local_index: {shown} is invalid; it must be exactly 0..max "
                 f"with no gap"):
-        make(branches=branches)
+        make(kv_branches=branches)
 
 
 def test_get_branch():
-    spec = make(branches=[Branch("positive", 0), Branch("negative", 1)])
+    spec = make(kv_branches=[Branch("positive", 0), Branch("negative", 1)])
     assert spec.get_branch("negative") == Branch("negative", 1)
     with raises("branch 'main' is not declared by the spec; declared: positive, negative"):
         spec.get_branch("main")
@@ -183,7 +183,7 @@ def test_cross_attention_lengths():
 
 def test_num_local_kv_branches():
     assert make().num_local_kv_branches == 1
-    assert make(branches=[Branch("positive", 0), Branch("negative", 1)]).num_local_kv_branches == 2
+    assert make(kv_branches=[Branch("positive", 0), Branch("negative", 1)]).num_local_kv_branches == 2
 
 
 @pytest.mark.parametrize("sink, window, block, kept", [
@@ -208,9 +208,9 @@ def test_specs_are_frozen():
 
 
 def test_lists_are_stored_as_tuples_so_specs_are_hashable():
-    spec = make(branches=[Branch("main", 0)], cross_attention=[Cross("text", 4)])
-    assert isinstance(spec.branches, tuple) and isinstance(spec.cross_attention, tuple)
-    same = make(branches=(Branch("main", 0),), cross_attention=(Cross("text", 4),))
+    spec = make(kv_branches=[Branch("main", 0)], cross_attention=[Cross("text", 4)])
+    assert isinstance(spec.kv_branches, tuple) and isinstance(spec.cross_attention, tuple)
+    same = make(kv_branches=(Branch("main", 0),), cross_attention=(Cross("text", 4),))
     assert spec == same and hash(spec) == hash(same)
 
 

@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 
-from ardiff.stats import (STATS_SCHEMA, OutputRecord, RolloutReport, peak_rss_bytes,
+from ardiff.rollout.report import (STATS_SCHEMA, OutputRecord, RolloutReport, peak_rss_bytes,
                           percentile)
 
 KV = {"backend": "paged", "pages_total": 43, "pages_in_use": 0, "pages_peak": 13,

@@ -8,13 +8,14 @@ import pytest
 import torch
 
 import ardiff
-from ardiff.config import load_config
-from ardiff.kv.cache import create_cache
+from ardiff.config.run import load_config
+from ardiff.kv.backend import create_cache
 from ardiff.kv.plan import make_plan
 from ardiff.pipelines.decoder import LatentDecoder
 from ardiff.pipelines.tiny_dit import TinyCausalDiT
-from ardiff.loader import build_pipeline, get_spec
-from ardiff.runner import Runner
+from ardiff.engine.loader import build_pipeline, get_spec
+from ardiff.engine.build import build_runner
+from ardiff.engine.runner import Runner
 
 TINY_DIT_CONFIG = Path(__file__).parents[1] / "configs" / "tiny-dit.yaml"
 SMALL = dict(latent_size=8, dim=32, num_heads=4, num_kv_heads=2, frames_per_block=2,
@@ -26,10 +27,10 @@ def rollout(blocks: int = 4, device: str = "cpu", seed: int = 0, prompts=("a red
     """Frames of one session; the prompt switches (keep) every len(prompts) blocks."""
     pipeline = TinyCausalDiT(**{**SMALL, **args})
     pipeline.load(device, torch.float32)
-    plan = make_plan(pipeline.get_ar_diffusion_kv_cache_spec(), "float32", 4, 1 << 26)
+    plan = make_plan(pipeline.ar_diffusion_kv_cache_spec(), "float32", 4, 1 << 26)
     runner = Runner(pipeline, create_cache(plan, "paged", device, poison=True), device)
     frames = [runner.execute(ardiff.RolloutRequest(
-        "s", block_index=i, prompt=prompts[i * len(prompts) // blocks], seed=seed)).frames
+        "s", block_index=i, prompt=prompts[i * len(prompts) // blocks], seed=seed)).output.frames
         for i in range(blocks)]
     return torch.cat(frames)
 
@@ -58,12 +59,12 @@ def test_the_weights_seed_changes_the_model():
 
 def test_spec_is_derived_from_the_model_config():
     pipeline = TinyCausalDiT(**{**SMALL, "cfg": True, "text_tokens": 7})
-    spec = pipeline.get_ar_diffusion_kv_cache_spec()
+    spec = pipeline.ar_diffusion_kv_cache_spec()
     c = pipeline.config
     assert (spec.num_layers, spec.num_kv_heads, spec.head_size) == (
         c.num_layers, c.num_kv_heads, c.dim // c.num_heads)
     assert spec.tokens_per_frame == (c.latent_size // c.patch_size) ** 2
-    assert [b.name for b in spec.branches] == ["positive", "negative"]
+    assert [b.name for b in spec.kv_branches] == ["positive", "negative"]
     assert spec.cross_attention_lengths == {"text": 7}
     assert spec.model_owned_state_bytes_per_session == LatentDecoder.state_bytes(
         c.latent_channels, c.latent_size)
@@ -115,12 +116,12 @@ def tiny_dit_rollout(backend: str, sink_frames: int, cfg: bool, num_blocks: int,
     overrides = [f"runtime.kv.backend={backend}", f"runtime.kv.sink_frames={sink_frames}",
                  f"pipeline.args.cfg={str(cfg).lower()}", "runtime.kv.poison=true",
                  *extra_overrides]
-    runner = Runner.from_config(load_config(TINY_DIT_CONFIG, overrides))
+    runner = build_runner(load_config(TINY_DIT_CONFIG, overrides))
     tap = LatentTap(runner.pipeline)
     guidance = 3.0 if cfg else 1.0
     frames = [runner.execute(ardiff.RolloutRequest(
         "s", block_index=b, prompt="a red ball", negative_prompt="blurry", seed=3,
-        guidance_scale=guidance)).frames for b in range(num_blocks)]
+        guidance_scale=guidance)).output.frames for b in range(num_blocks)]
     return torch.cat(frames), torch.cat(tap.latents), runner
 
 
@@ -146,10 +147,10 @@ def test_tiny_dit_paged_and_dense_give_the_same_frames(sink_frames, cfg):
 def test_tiny_dit_eviction_resets_model_owned_state():
     """With room for one session, a -> b -> a restarts "a": its frames repeat exactly."""
     first, _, _ = tiny_dit_rollout("paged", 1, False, 1, "runtime.max_sessions=1")
-    runner = Runner.from_config(load_config(TINY_DIT_CONFIG, ["runtime.max_sessions=1"]))
+    runner = build_runner(load_config(TINY_DIT_CONFIG, ["runtime.max_sessions=1"]))
     request = ardiff.RolloutRequest("a", prompt="a red ball", negative_prompt="blurry", seed=3)
     runner.execute(request)
     runner.execute(ardiff.RolloutRequest("b", prompt="a cat", seed=4))
-    again = runner.execute(request).frames
+    again = runner.execute(request).output.frames
     assert runner.stats().sessions["evicted"] == 2
     assert torch.equal(again, first)

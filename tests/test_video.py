@@ -1,4 +1,4 @@
-"""ardiff.video: every format opens with a real decoder; failures leave playable files."""
+"""ardiff.video.writer: every format opens with a real decoder; failures leave playable files."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 import torch
 from PIL import Image
 
-from ardiff import encoders
+from ardiff.video import encoders
 from ardiff.errors import ConfigError, EncoderError, OutputPathError
-from ardiff.video import SUPPORTED_EXTENSIONS, VideoInfo, VideoWriter, check_output_path
+from ardiff.video.writer import SUPPORTED_EXTENSIONS, VideoInfo, VideoWriter, check_output_path
 
 H, W = 16, 24
 

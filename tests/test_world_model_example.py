@@ -9,8 +9,9 @@ import torch
 import yaml
 
 import ardiff
-from ardiff.config import load_config
-from ardiff.runner import Runner
+from ardiff.config.run import load_config
+from ardiff.engine.build import build_runner
+from ardiff.engine.runner import Runner
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "world_model.py"
 
@@ -23,12 +24,12 @@ def world_runner(tmp_path: Path, backend: str = "paged", **args) -> Runner:
                           "kv": {"backend": backend, "poison": backend == "paged"}}}
     path = tmp_path / f"{backend}.yaml"
     path.write_text(yaml.safe_dump(config))
-    return Runner.from_config(load_config(path))
+    return build_runner(load_config(path))
 
 
 def rollout(runner: Runner, actions, blocks: int = 12, seed: int = 0) -> torch.Tensor:
     return torch.cat([runner.execute(ardiff.RolloutRequest(
-        "s", block_index=i, actions=(actions[i % len(actions)],), seed=seed)).frames
+        "s", block_index=i, actions=(actions[i % len(actions)],), seed=seed)).output.frames
         for i in range(blocks)])
 
 

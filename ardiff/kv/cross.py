@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ardiff.errors import KVStateError
-from ardiff.spec import ARDiffusionKVCacheSpec
+from ardiff.contract.spec import ARDiffusionKVCacheSpec
 
 CrossLayers = list[tuple[torch.Tensor, torch.Tensor]]  # one (k, v) per layer, [L, heads, hs]
 

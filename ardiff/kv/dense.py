@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ardiff.kv import attention
-from ardiff.kv.base import CacheStats, KVCacheBase
+from ardiff.kv.backend import CacheStats, KVCacheBase
 
 
 class DenseKVCache(KVCacheBase):

@@ -20,12 +20,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from ardiff.errors import CapacityError, SpecError
-from ardiff.sizes import format_bytes
-from ardiff.spec import ARDiffusionKVCacheSpec
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+from ardiff.sizes import ceil_div, format_bytes
+from ardiff.contract.spec import ARDiffusionKVCacheSpec, history_frames_per_branch
 
 
 @dataclass(frozen=True)
@@ -51,7 +47,7 @@ class KVPlan:
 
     @property
     def history_frames_per_branch(self) -> int:
-        return self.spec.history_frames_per_branch
+        return history_frames_per_branch(self.spec)
 
     @property
     def history_pages_per_branch(self) -> int:
@@ -82,7 +78,7 @@ class KVPlan:
     @property
     def cross_attention_bytes_per_session(self) -> int:
         s = self.spec
-        per_token = 2 * s.num_logical_branches * s.num_kv_heads * s.head_size * s.num_layers
+        per_token = 2 * len(s.kv_branches) * s.num_kv_heads * s.head_size * s.num_layers
         return sum(c.num_tokens for c in s.cross_attention) * per_token * self.dtype_bytes
 
     @property

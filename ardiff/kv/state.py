@@ -6,44 +6,22 @@
         ...
 
 This module checks every argument and the block lifecycle, then delegates
-storage to the backend's branch and block objects (`BranchKV`, `BlockKV`).
+storage to the backend's branch and block objects (`BranchKV`, `BlockKV`). It
+depends on the backend; the backend never knows about states: a state closes
+itself, and a released session makes every state over it unusable.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Iterator, Protocol
+from typing import Iterator
 
 import torch
 
 from ardiff.errors import KVStateError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ardiff.kv.base import KVCacheBase, SessionKV
-    from ardiff.kv.cross import CrossLayers
-
-
-class BlockKV(Protocol):
-    """A backend's view of one block in flight."""
-
-    start_frame: int
-    visible_frames: list[int]
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
-               scale: float | None) -> torch.Tensor: ...
-
-    def commit(self) -> None: ...
-
-    def abort(self) -> None: ...
-
-
-class BranchKV(Protocol):
-    """A backend's history of one branch of one session."""
-
-    num_committed_frames: int
-
-    def begin(self, num_frames: int) -> BlockKV: ...
+from ardiff.kv.backend import BlockKV, KVCacheBase
+from ardiff.kv.cross import CrossLayers
+from ardiff.kv.session import SessionKV
 
 
 class Block:
@@ -149,8 +127,15 @@ class TensorChecks:
         self.kv(layer, "extra_v", extra_v, n, "n")
 
 
+def open_state(cache: KVCacheBase, session_id: str) -> KVState:
+    """A state over `session_id`, opening the session if it is new (capacity permitting)."""
+    return KVState(cache, cache.open_session(session_id))
+
+
 class KVState:
-    """A pipeline's handle on one session's KV, valid only while bound (DESIGN §2)."""
+    """A pipeline's handle on one session's KV, valid only while bound (DESIGN §2).
+
+    Implements `ardiff.ARDiffusionKVState`."""
 
     def __init__(self, cache: KVCacheBase, session: SessionKV) -> None:
         self._cache, self._session = cache, session
@@ -173,8 +158,7 @@ class KVState:
         """Frames committed on `branch` so far: the absolute position of the next frame."""
         self.check_open()
         self._session.check_slot(branch)
-        kv = self._session.branches.get(branch)
-        return 0 if kv is None else kv.num_committed_frames
+        return self._session.num_committed_frames(branch)
 
     @contextlib.contextmanager
     def block(self, branch: str, commit: bool = False,

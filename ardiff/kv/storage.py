@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ardiff.dtypes import torch_dtype
 from ardiff.kv.address import TokenAddress, frames_address, pages_address
 from ardiff.kv.plan import KVPlan
 
@@ -19,7 +20,6 @@ from ardiff.kv.plan import KVPlan
 # (measured: a 1560-token Wan frame gathers ~2.5x faster by slices than by index_select).
 RUN_COPY_MIN_ELEMENTS = 1 << 16
 ADDRESS_CACHE_SIZE = 256  # memoised frame addresses; cleared when full
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class PagedStorage:
@@ -31,7 +31,7 @@ class PagedStorage:
         self.tokens_per_frame = spec.tokens_per_frame
         self._token_elements = spec.num_kv_heads * spec.head_size
         self.poison_enabled = poison
-        self.dtype = TORCH_DTYPES[plan.dtype]
+        self.dtype = torch_dtype(plan.dtype)
         self.device = torch.device(device)
         shape = (plan.total_pages, plan.page_tokens, spec.num_kv_heads, spec.head_size)
         fill = torch.full if poison else (lambda size, _value, **kw: torch.empty(size, **kw))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ardiff.spec import ARDiffusionKVCacheSpec
+from ardiff.contract.spec import ARDiffusionKVCacheSpec
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ examples/train_world.py); nothing is downloaded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from importlib import resources
@@ -296,13 +297,14 @@ class BouncingWorld:
         self._worlds: dict[str, sim.SimState] = {}
         self._levels: dict[float, tuple] = {}  # noise level -> model conditioning
 
-    def get_ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
+    def ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
         c = self.config
         return ardiff.ARDiffusionKVCacheSpec(
             num_layers=c.num_layers, num_kv_heads=c.num_heads, head_size=c.head_size,
             tokens_per_frame=c.tokens_per_frame, frames_per_block=1,
             window_frames=c.window_frames, sink_frames=c.sink_frames,
             session_capacity=c.session_capacity, max_model_len=c.max_frames,
+            kv_branches=(ardiff.ARDiffusionKVBranchSpec("main", 0),),
             max_scratch_tokens_per_branch=c.registers_per_action,
             model_owned_state_bytes_per_session=sim.STATE_BYTES)
 
@@ -316,14 +318,18 @@ class BouncingWorld:
     def reset_ar_diffusion_session(self, session_id: str) -> None:
         self._worlds.pop(session_id, None)
 
+    def bind_ar_diffusion_state(self, session_id: str, state) -> contextlib.AbstractContextManager[None]:
+        """The state reaches generate_block as its argument: nothing to bind."""
+        return contextlib.nullcontext()
+
     def close_ar_diffusion_session(self, session_id: str) -> None:
         self._worlds.pop(session_id, None)
 
-    def ar_diffusion_warmup_requests(self) -> list[ardiff.RolloutRequest]:
+    def ar_diffusion_warmup_requests(self, session_id: str) -> list[ardiff.RolloutRequest]:
         """Start frames, then enough sampled frames to fill the window and evict."""
         c = self.config
         blocks = c.context_frames + c.sink_frames + c.window_frames + 1
-        return [ardiff.RolloutRequest("warmup", block_index=i, actions=(sim.ACTIONS[i % 5],),
+        return [ardiff.RolloutRequest(session_id, block_index=i, actions=(sim.ACTIONS[i % 5],),
                                       reset=i == 0) for i in range(blocks)]
 
     def action_index(self, actions: tuple[str, ...] | None) -> int:

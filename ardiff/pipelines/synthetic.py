@@ -12,6 +12,7 @@ quickly before timing); by default every token of the block queries.
 
 from __future__ import annotations
 
+import contextlib
 import torch
 
 import ardiff
@@ -29,11 +30,12 @@ class SyntheticAttention:
             num_layers=num_layers, num_kv_heads=num_kv_heads, head_size=head_size,
             tokens_per_frame=tokens_per_frame, frames_per_block=frames_per_block,
             window_frames=window_frames, sink_frames=sink_frames,
-            session_capacity=session_capacity)
+            session_capacity=session_capacity,
+            kv_branches=(ardiff.ARDiffusionKVBranchSpec("main", 0),))
         self.num_steps = num_steps
         self.device, self.dtype = torch.device("cpu"), torch.float32
 
-    def get_ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
+    def ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
         return self.spec
 
     def load(self, device, dtype) -> None:
@@ -42,11 +44,15 @@ class SyntheticAttention:
     def reset_ar_diffusion_session(self, session_id: str) -> None:
         pass
 
+    def bind_ar_diffusion_state(self, session_id: str, state) -> contextlib.AbstractContextManager[None]:
+        """The state reaches generate_block as its argument: nothing to bind."""
+        return contextlib.nullcontext()
+
     def close_ar_diffusion_session(self, session_id: str) -> None:
         pass
 
-    def ar_diffusion_warmup_requests(self) -> list[ardiff.RolloutRequest]:
-        return [ardiff.RolloutRequest("warmup", block_index=0, extra={"q_tokens": 1})]
+    def ar_diffusion_warmup_requests(self, session_id: str) -> list[ardiff.RolloutRequest]:
+        return [ardiff.RolloutRequest(session_id, block_index=0, extra={"q_tokens": 1})]
 
     @torch.inference_mode()
     def generate_block(self, request: ardiff.RolloutRequest, state) -> ardiff.BlockOutput:

@@ -16,6 +16,7 @@ videos carry no meaning; the model exists to exercise and measure ardiff.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -146,7 +147,7 @@ class TinyCausalDiT:
         self._prompts: dict[tuple[str, str], str] = {}      # (session, branch) -> cached prompt
 
     # -- contract ------------------------------------------------------------------
-    def get_ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
+    def ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
         c = self.config
         return ardiff.ARDiffusionKVCacheSpec(
             num_layers=c.num_layers, num_kv_heads=c.num_kv_heads, head_size=c.head_size,
@@ -154,7 +155,7 @@ class TinyCausalDiT:
             window_frames=c.window_frames, sink_frames=c.sink_frames,
             reset_at_boundary=c.reset_at_boundary, session_capacity=c.session_capacity,
             max_model_len=c.max_frames,
-            branches=tuple(ardiff.ARDiffusionKVBranchSpec(name, i)
+            kv_branches=tuple(ardiff.ARDiffusionKVBranchSpec(name, i)
                            for i, name in enumerate(c.branch_names)),
             cross_attention=(ardiff.ARDiffusionCrossAttentionKVSpec(TEXT_CACHE, c.text_tokens),),
             model_owned_state_bytes_per_session=LatentDecoder.state_bytes(c.latent_channels,
@@ -174,15 +175,19 @@ class TinyCausalDiT:
     def reset_ar_diffusion_session(self, session_id: str) -> None:
         self._forget(session_id)
 
+    def bind_ar_diffusion_state(self, session_id: str, state) -> contextlib.AbstractContextManager[None]:
+        """The state reaches generate_block as its argument: nothing to bind."""
+        return contextlib.nullcontext()
+
     def close_ar_diffusion_session(self, session_id: str) -> None:
         self._forget(session_id)
 
-    def ar_diffusion_warmup_requests(self) -> list[ardiff.RolloutRequest]:
+    def ar_diffusion_warmup_requests(self, session_id: str) -> list[ardiff.RolloutRequest]:
         """Enough blocks to fill the window and evict once, with and without guidance."""
         c = self.config
         blocks = -(-(c.sink_frames + c.window_frames) // c.frames_per_block) + 1
         guidance = 3.0 if c.cfg else 1.0
-        return [ardiff.RolloutRequest("warmup", block_index=i, prompt="warmup", seed=0,
+        return [ardiff.RolloutRequest(session_id, block_index=i, prompt="warmup", seed=0,
                                       guidance_scale=guidance, reset=i == 0)
                 for i in range(blocks)]
 

@@ -17,9 +17,10 @@ import time
 
 import torch
 
-from ardiff.kv.cache import create_cache
+from ardiff.kv.backend import create_cache
+from ardiff.kv.state import open_state
 from ardiff.kv.plan import make_plan
-from ardiff.spec import ARDiffusionKVCacheSpec
+from ardiff.contract.spec import ARDiffusionKVBranchSpec, ARDiffusionKVCacheSpec
 
 GEOMETRIES = {
     "tiny": (dict(num_layers=2, num_kv_heads=2, head_size=16, tokens_per_frame=16,
@@ -49,15 +50,15 @@ def measure(spec, dtype: str, dtype_bytes: int, steps: int, blocks: int, repeats
         for backend, cache in caches.items():
             session = f"{backend}-{rep}"
             for _ in range(fill):  # fill the window with cheap one-token queries
-                state = cache.open_state(session)
+                state = open_state(cache, session)
                 run_block(state, spec, q_fill, k, v, 0)
-                cache.forget_state(state)
+                state.close()
             for _ in range(blocks):
-                state = cache.open_state(session)
+                state = open_state(cache, session)
                 start = time.perf_counter()
                 run_block(state, spec, q, k, v, steps)
                 times[backend].append(time.perf_counter() - start)
-                cache.forget_state(state)
+                state.close()
             cache.release_session(session)
     return {b: statistics.median(t) for b, t in times.items()}
 
@@ -71,7 +72,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     for name, (geometry, dtype, dtype_bytes, steps) in GEOMETRIES.items():
         steps = args.wide_steps if name != "tiny" else steps
-        spec = ARDiffusionKVCacheSpec(**geometry)
+        spec = ARDiffusionKVCacheSpec(**geometry, kv_branches=(ARDiffusionKVBranchSpec("main", 0),),
+                                      session_capacity=1)
         medians = measure(spec, dtype, dtype_bytes, steps, args.blocks, args.repeats)
         print(f"{name:16s} {steps} probes + commit: paged {medians['paged'] * 1e3:9.2f} ms  "
               f"dense {medians['dense'] * 1e3:9.2f} ms  paged/dense "

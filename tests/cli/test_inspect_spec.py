@@ -117,7 +117,7 @@ def test_json_has_exactly_the_stable_keys(cli, tiny_config):
     assert set(data) == {"spec", "effective", "memory"}
     assert set(data["effective"]) == EFFECTIVE_KEYS
     assert set(data["memory"]) == MEMORY_KEYS
-    assert data["spec"]["branches"] == [{"name": "main", "local_index": 0}]
+    assert data["spec"]["kv_branches"] == [{"name": "main", "local_index": 0}]
     assert data["effective"] == {"window_frames": 5, "sink_frames": 1, "page_tokens": 6,
                                  "pages_per_frame": 1, "dtype": "float32"}
     assert data["memory"] == {
@@ -214,10 +214,11 @@ def test_bad_options_exit_2_with_one_line(invoke, tiny_config, args, message):
 @pytest.mark.parametrize("attr, message", [
     ("InvalidSpecPipeline", "error: spec.num_layers: 0 is invalid; it must be an integer > 0"),
     ("Nope", "has no attribute 'Nope'"),
-    ("MissingMethodsPipeline", "lacks generate_block, close_ar_diffusion_session"),
+    ("MissingMethodsPipeline", "lacks bind_ar_diffusion_state, close_ar_diffusion_session, "
+                               "generate_block"),
     ("ConstructorRaisesPipeline", "raised ValueError: no such checkpoint: /nowhere.safetensors"),
-    ("SpecRaisesPipeline", "get_ar_diffusion_kv_cache_spec() raised RuntimeError"),
-    ("WrongSpecTypePipeline", "get_ar_diffusion_kv_cache_spec() returned a dict"),
+    ("SpecRaisesPipeline", "ar_diffusion_kv_cache_spec() raised RuntimeError"),
+    ("WrongSpecTypePipeline", "ar_diffusion_kv_cache_spec() returned a dict"),
 ])
 def test_bad_pipelines_exit_2_with_one_line(invoke, tiny_config, attr, message):
     assert_one_line_error(invoke("inspect-spec", tiny_config(attr)), 2, message)

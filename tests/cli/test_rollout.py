@@ -29,10 +29,11 @@ import yaml
 from PIL import Image
 from typer.testing import CliRunner
 
-from ardiff.config import load_config
-from ardiff.rollout import iter_rollout, plan_rollout
-from ardiff.runner import Runner
-from ardiff.stats import STATS_SCHEMA
+from ardiff.config.run import load_config
+from ardiff.rollout.streams import iter_rollout, plan_rollout
+from ardiff.engine.build import build_runner
+from ardiff.engine.runner import Runner
+from ardiff.rollout.report import STATS_SCHEMA
 from ardiff_cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,7 +108,7 @@ def greys(frames: np.ndarray) -> list[float]:
 def library_frames(config_path: Path | None, *overrides: str) -> np.ndarray:
     """The frames the library produces for a config, straight from iter_rollout (no writer)."""
     config = load_config(config_path, list(overrides))
-    runner = Runner.from_config(config)
+    runner = build_runner(config)
     try:
         spec = runner.cache.spec
         per_latent = getattr(runner.pipeline, "video_frames_per_latent_frame", 1)

@@ -9,9 +9,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from ardiff.config import load_config
-from ardiff.inspect import inspect_spec
-from ardiff.runner import Runner, WarmupReport
+from ardiff.config.run import load_config
+from ardiff.engine.build import inspect_spec
+from ardiff.engine.runner import Runner, WarmupReport
 from ardiff_cli.main import app
 
 TESTS_DIR = Path(__file__).parents[1]

@@ -14,13 +14,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ardiff.kv.cache import PagedKVCache, create_cache
+from ardiff.dtypes import DTYPE_BYTES
+from ardiff.kv.backend import create_cache
+from ardiff.kv.state import open_state
+from ardiff.kv.paged import PagedKVCache
 from ardiff.kv.plan import KVPlan, make_plan
-from ardiff.spec import (ARDiffusionCrossAttentionKVSpec, ARDiffusionKVBranchSpec,
+from ardiff.contract.spec import (ARDiffusionCrossAttentionKVSpec, ARDiffusionKVBranchSpec,
                          ARDiffusionKVCacheSpec)
 
 BIG_BUDGET_BYTES = 1 << 40  # capacity is then bounded by the spec / max_sessions only
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 CFG_BRANCHES = (ARDiffusionKVBranchSpec("positive", 0), ARDiffusionKVBranchSpec("negative", 1))
 SHARED_SLOT_BRANCHES = (ARDiffusionKVBranchSpec("positive", 0),
                         ARDiffusionKVBranchSpec("negative", 0))
@@ -32,7 +34,7 @@ class InjectedFailure(Exception):
 
 def make_spec(*, num_layers: int = 2, num_kv_heads: int = 2, head_size: int = 8,
               tokens_per_frame: int = 4, frames_per_block: int = 2, window_frames: int = 4,
-              sink_frames: int = 0, reset_at_boundary: bool = False, branches=None,
+              sink_frames: int = 0, reset_at_boundary: bool = False, kv_branches=None,
               registers: int = 0, session_capacity: int = 1,
               cross: dict[str, int] | None = None) -> ARDiffusionKVCacheSpec:
     """A tiny spec; `branches` is a tuple of branch specs (default: one `main`)."""
@@ -41,7 +43,7 @@ def make_spec(*, num_layers: int = 2, num_kv_heads: int = 2, head_size: int = 8,
         tokens_per_frame=tokens_per_frame, frames_per_block=frames_per_block,
         window_frames=window_frames, sink_frames=sink_frames,
         reset_at_boundary=reset_at_boundary, session_capacity=session_capacity,
-        branches=branches or (ARDiffusionKVBranchSpec(),),
+        kv_branches=kv_branches or (ARDiffusionKVBranchSpec("main", 0),),
         cross_attention=tuple(ARDiffusionCrossAttentionKVSpec(name, n)
                               for name, n in (cross or {}).items()),
         max_scratch_tokens_per_branch=registers)
@@ -54,7 +56,7 @@ def plan_for(spec: ARDiffusionKVCacheSpec, page_tokens: int | None = None,
 
 
 def branch_names(spec: ARDiffusionKVCacheSpec) -> list[str]:
-    return [b.name for b in spec.branches]
+    return [b.name for b in spec.kv_branches]
 
 
 # -- DESIGN §3, independently --------------------------------------------------
@@ -198,9 +200,9 @@ class Lockstep:
         else:
             raise AssertionError("the injected failure did not propagate out of the block")
         for cache in self.caches:
-            state = cache.open_state(session_id)
+            state = open_state(cache, session_id)
             assert {b: state.num_committed_frames(b) for b in branches} == before
-            cache.forget_state(state)
+            state.close()
         assert self.paged.pool.num_used == used
         check_pool(self.paged)
 
@@ -213,7 +215,7 @@ class Lockstep:
 
     def _run(self, session_id: str, branches: list[str], commit: bool, steps: int,
              num_frames: int | None, fail_after: int | None = None) -> None:
-        states = [cache.open_state(session_id) for cache in self.caches]
+        states = [open_state(cache, session_id) for cache in self.caches]
         frames = num_frames or self.spec.frames_per_block
         try:
             with contextlib.ExitStack() as stack:
@@ -234,7 +236,7 @@ class Lockstep:
                     raise InjectedFailure
         finally:
             for cache, state in zip(self.caches, states):
-                cache.forget_state(state)
+                state.close()
         check_pool(self.paged)
 
     def _check_block(self, session_id: str, branch: str, pair) -> None:

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ardiff.errors import KVStateError
-from ardiff.kv.cache import create_cache
+from ardiff.kv.backend import create_cache
+from ardiff.kv.state import open_state
 from kvdrive import CFG_BRANCHES, make_spec, plan_for
 
 L, H, HS = 2, 2, 4
@@ -15,7 +16,7 @@ TEXT, IMAGE = 5, 3  # tokens of the two declared caches
 
 def cache_(backend):
     spec = make_spec(num_layers=L, num_kv_heads=H, head_size=HS, tokens_per_frame=3,
-                     frames_per_block=1, window_frames=2, branches=CFG_BRANCHES,
+                     frames_per_block=1, window_frames=2, kv_branches=CFG_BRANCHES,
                      session_capacity=2, cross={"text": TEXT, "image": IMAGE})
     return create_cache(plan_for(spec, max_sessions=2), backend)
 
@@ -37,7 +38,7 @@ def cache(request):
 
 
 def test_set_get_per_session_branch_and_name(cache):
-    state = cache.open_state("s")
+    state = open_state(cache, "s")
     assert state.cross_kv("positive", "text") is None
     text_pos, text_neg, image = layers(), layers(), layers(IMAGE)
     state.set_cross_kv("positive", "text", text_pos)
@@ -47,11 +48,11 @@ def test_set_get_per_session_branch_and_name(cache):
     assert same(state.cross_kv("negative", "text"), text_neg)
     assert same(state.cross_kv("positive", "image"), image)
     assert state.cross_kv("negative", "image") is None
-    assert cache.open_state("t").cross_kv("positive", "text") is None
+    assert open_state(cache, "t").cross_kv("positive", "text") is None
 
 
 def test_stored_tensors_are_owned_by_the_cache(cache):
-    state = cache.open_state("s")
+    state = open_state(cache, "s")
     text = layers(fill=1.0)
     state.set_cross_kv("positive", "text", text)
     text[0][0].fill_(7.0)  # the pipeline reuses its buffer
@@ -59,7 +60,7 @@ def test_stored_tensors_are_owned_by_the_cache(cache):
 
 
 def test_nbytes_follow_the_plan(cache):
-    state = cache.open_state("s")
+    state = open_state(cache, "s")
     for branch in ("positive", "negative"):
         state.set_cross_kv(branch, "text", layers())
         state.set_cross_kv(branch, "image", layers(IMAGE))
@@ -83,7 +84,7 @@ def test_nbytes_follow_the_plan(cache):
                                              r"torch.float32 on cpu"),
 ])
 def test_bad_set_leaves_the_previous_cache_intact(cache, bad, said):
-    state = cache.open_state("s")
+    state = open_state(cache, "s")
     good = layers()
     state.set_cross_kv("positive", "text", good)
     nbytes = cache.stats().cross_attention_bytes
@@ -97,7 +98,7 @@ def test_bad_set_leaves_the_previous_cache_intact(cache, bad, said):
 
 
 def test_undeclared_name(cache):
-    state = cache.open_state("s")
+    state = open_state(cache, "s")
     said = r"cross-attention cache 'audio' is not declared by the spec \(declared: text, image\)"
     with pytest.raises(KVStateError, match=said):
         state.set_cross_kv("positive", "audio", layers())
@@ -110,7 +111,7 @@ def test_undeclared_name(cache):
 
 
 def test_clear_drops_cross_kv_but_keeps_history(cache):
-    state = cache.open_state("s")
+    state = open_state(cache, "s")
     with state.block("positive", commit=True) as blk:
         for layer in range(L):
             x = torch.randn(3, H, HS)
@@ -128,11 +129,11 @@ def test_clear_drops_cross_kv_but_keeps_history(cache):
 
 
 def test_release_frees_only_that_session(cache):
-    a, b = cache.open_state("a"), cache.open_state("b")
+    a, b = open_state(cache, "a"), open_state(cache, "b")
     a.set_cross_kv("positive", "text", layers())
     kept = layers()
     b.set_cross_kv("positive", "text", kept)
     cache.release_session("a")
     assert cache.cross.num_entries("a") == 0
     assert same(b.cross_kv("positive", "text"), kept)
-    assert cache.open_state("a").cross_kv("positive", "text") is None
+    assert open_state(cache, "a").cross_kv("positive", "text") is None

@@ -32,7 +32,7 @@ def test_paged_matches_dense(case, reset_at_boundary):
     spec = make_spec(num_layers=2, num_kv_heads=2, head_size=4, tokens_per_frame=tpf,
                      frames_per_block=block, window_frames=window, sink_frames=sink,
                      reset_at_boundary=reset_at_boundary, registers=registers,
-                     branches=CFG_BRANCHES if cfg else None)
+                     kv_branches=CFG_BRANCHES if cfg else None)
     lock = Lockstep(spec, page_tokens, seed=hash(case) % 1000)
     drive_random(lock, ["s"], min_frames=4 * window + block, seed=len(CASES),
                  partial_blocks=True)
@@ -47,7 +47,7 @@ def test_sessions_interleave_reset_and_cfg_nested(reset_at_boundary):
     spec = make_spec(num_layers=2, num_kv_heads=1, head_size=4, tokens_per_frame=3,
                      frames_per_block=2, window_frames=5, sink_frames=1,
                      reset_at_boundary=reset_at_boundary, registers=2,
-                     branches=CFG_BRANCHES, session_capacity=2)
+                     kv_branches=CFG_BRANCHES, session_capacity=2)
     lock = Lockstep(spec, page_tokens=2, seed=7)
     drive_random(lock, ["a", "b"], min_frames=4 * 5, seed=3, cfg_nested=True, resets=True)
     assert lock.paged.pool.peak_used <= lock.plan.total_pages
@@ -85,7 +85,7 @@ def test_gqa_and_plain_heads_agree():
 def test_paged_matches_dense_on_cuda():
     spec = make_spec(num_layers=2, num_kv_heads=2, head_size=8, tokens_per_frame=5,
                      frames_per_block=2, window_frames=5, sink_frames=1, registers=3,
-                     branches=CFG_BRANCHES)
+                     kv_branches=CFG_BRANCHES)
     lock = Lockstep(spec, page_tokens=3, device="cuda", seed=0, atol=1e-5)
     drive_random(lock, ["s"], min_frames=20, seed=0, cfg_nested=True)
     assert lock.paged.storage.k[0].is_cuda

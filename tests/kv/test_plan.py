@@ -15,12 +15,12 @@ import pytest
 
 from ardiff.errors import CapacityError, SpecError
 from ardiff.kv.plan import make_plan, required_bytes
-from ardiff.spec import ARDiffusionCrossAttentionKVSpec as Cross
-from ardiff.spec import ARDiffusionKVBranchSpec as Branch
-from ardiff.spec import ARDiffusionKVCacheSpec
+from ardiff.contract.spec import ARDiffusionCrossAttentionKVSpec as Cross
+from ardiff.contract.spec import ARDiffusionKVBranchSpec as Branch
+from ardiff.contract.spec import ARDiffusionKVCacheSpec
 
 BASE = dict(num_layers=2, num_kv_heads=2, head_size=8, tokens_per_frame=4, frames_per_block=2,
-            window_frames=6, sink_frames=0, session_capacity=8)
+            window_frames=6, sink_frames=0, session_capacity=8, kv_branches=(Branch("main", 0),))
 BIG = 2**30  # a budget that never limits
 
 
@@ -61,14 +61,14 @@ def test_sink_frames_are_kept_on_top_of_the_window():
 
 
 def test_two_local_branches_double_history_and_inflight():
-    p = plan(branches=CFG)
+    p = plan(kv_branches=CFG)
     assert p.history_pages_per_session == 8     # 2 branches * 4 frames
     assert p.inflight_pages == 4                # 2 branches * 2 frames
     assert (p.bytes_per_session, p.fixed_bytes) == (8192, 4096)
 
 
 def test_two_logical_branches_sharing_a_slot_cost_one():
-    p = plan(branches=CFG_SHARED)
+    p = plan(kv_branches=CFG_SHARED)
     assert p.history_pages_per_session == 4
     assert p.inflight_pages == 2
     assert (p.bytes_per_session, p.fixed_bytes) == (4096, 2048)
@@ -120,7 +120,7 @@ def test_page_tokens_must_be_positive():
 
 
 def test_register_pages():
-    p = plan(branches=CFG, max_scratch_tokens_per_branch=5)
+    p = plan(kv_branches=CFG, max_scratch_tokens_per_branch=5)
     assert p.register_pages == 4                # 2 branches * ceil(5 / 4)
     assert p.fixed_bytes == 8192                # (4 in flight + 4 registers) * 1024
     assert plan(max_scratch_tokens_per_branch=4).register_pages == 1
@@ -128,7 +128,7 @@ def test_register_pages():
 
 
 def test_a_backend_that_stores_no_registers_plans_none():
-    p = plan(branches=CFG, max_scratch_tokens_per_branch=5, stores_registers=False)
+    p = plan(kv_branches=CFG, max_scratch_tokens_per_branch=5, stores_registers=False)
     assert p.register_pages == 0
     assert p.fixed_bytes == 4096
 
@@ -137,7 +137,7 @@ def test_cross_attention_bytes_count_logical_branches():
     caches = (Cross("text", 10), Cross("image", 3))
     # 2 (K, V) * 13 tokens * 2 heads * 8 * 4 bytes * 2 layers = 3328 per logical branch
     assert plan(cross_attention=caches).cross_attention_bytes_per_session == 3328
-    shared = plan(cross_attention=caches, branches=CFG_SHARED)
+    shared = plan(cross_attention=caches, kv_branches=CFG_SHARED)
     assert shared.cross_attention_bytes_per_session == 6656    # 2 logical branches
     assert shared.bytes_per_session == 4096 + 6656             # history is still one slot
     assert shared.fixed_bytes == 2048                          # cross K/V is per session

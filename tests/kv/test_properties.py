@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ardiff.errors import KVStateError, SessionError
-from ardiff.kv.cache import create_cache
+from ardiff.kv.backend import create_cache
+from ardiff.kv.state import open_state
 from ardiff.kv.pool import PagePool
 from ardiff.kv.table import PageTable
 from ardiff.kv.window import WindowPolicy
@@ -94,7 +95,7 @@ def paged_setups(draw):
                      frames_per_block=draw(st.integers(1, 3)),
                      window_frames=draw(st.integers(1, 6)), sink_frames=draw(st.integers(0, 2)),
                      reset_at_boundary=draw(st.booleans()), registers=draw(st.integers(0, 2)),
-                     branches=CFG_BRANCHES if draw(st.booleans()) else None,
+                     kv_branches=CFG_BRANCHES if draw(st.booleans()) else None,
                      session_capacity=draw(st.integers(1, 3)))
     return spec, draw(st.integers(1, 5))
 
@@ -122,12 +123,12 @@ class PagedMachine:
     def open(self, sid: str):
         if sid not in self.models and len(self.models) >= self.plan.session_capacity:
             try:
-                self.cache.open_state(sid)
+                open_state(self.cache, sid)
             except SessionError:
                 return None
             raise AssertionError("opened more sessions than the plan's capacity")
         self.models.setdefault(sid, {b: WindowModel.of(self.spec) for b in self.names})
-        return self.cache.open_state(sid)
+        return open_state(self.cache, sid)
 
     def release(self, sid: str) -> None:
         if sid in self.models:
@@ -158,7 +159,7 @@ class PagedMachine:
                 for b in branches:
                     self.models[sid][b].commit(num_frames)
         finally:
-            self.cache.forget_state(state)
+            state.close()
 
     def _attend_all(self, sid, branches, blks, num_frames, fail_after) -> None:
         s = self.spec
@@ -186,7 +187,7 @@ class PagedMachine:
         if op == "open":
             state = self.open(sid)
             if state is not None:
-                self.cache.forget_state(state)
+                state.close()
         elif op in ("probe", "commit", "fail"):
             self.blocks(sid, [name], op != "probe", num_frames,
                         fail_after if op == "fail" else None)
@@ -199,7 +200,7 @@ class PagedMachine:
             state = self.open(sid)
             if state is not None:
                 assert all(state.num_committed_frames(b) == 0 for b in self.names)
-                self.cache.forget_state(state)
+                state.close()
         check_pool(self.cache)
         assert sorted(self.cache.session_ids) == sorted(self.models)
 

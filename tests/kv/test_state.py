@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ardiff.errors import KVStateError, SessionError
-from ardiff.kv.cache import create_cache
+from ardiff.kv.backend import create_cache
+from ardiff.kv.state import open_state
 from kvdrive import SHARED_SLOT_BRANCHES, make_spec, plan_for
 
 BACKENDS = ["paged", "dense"]
@@ -49,7 +50,7 @@ def backend(request):
 
 def test_same_layer_twice_in_a_commit_block(backend):
     cache = cache_(backend)
-    state = cache.open_state("s")
+    state = open_state(cache, "s")
     with pytest.raises(KVStateError, match=r"layer 1 attended twice in one commit block of "
                                            r"branch 'main'; a commit calls attend once per layer"):
         with state.block("main", commit=True) as blk:
@@ -60,7 +61,7 @@ def test_same_layer_twice_in_a_commit_block(backend):
 
 
 def test_probe_may_attend_a_layer_once_per_step(backend):
-    state = cache_(backend).open_state("s")
+    state = open_state(cache_(backend), "s")
     with state.block("main") as blk:
         for _step in range(3):
             for layer in range(L):
@@ -70,7 +71,7 @@ def test_probe_may_attend_a_layer_once_per_step(backend):
 
 def test_commit_block_missing_a_layer_commits_nothing(backend):
     cache = cache_(backend)
-    state = cache.open_state("s")
+    state = open_state(cache, "s")
     commit_block(state)
     used = used_pages(cache)
     with pytest.raises(KVStateError, match=r"commit block of branch 'main' ended without "
@@ -87,7 +88,7 @@ def test_commit_block_missing_a_layer_commits_nothing(backend):
 
 
 def test_layer_out_of_range(backend):
-    state = cache_(backend).open_state("s")
+    state = open_state(cache_(backend), "s")
     with pytest.raises(KVStateError, match=r"layer 2 is out of range 0\.\.1"):
         with state.block("main") as blk:
             blk.attend(2, *qkv())
@@ -107,7 +108,7 @@ def test_layer_out_of_range(backend):
 ])
 def test_wrong_shape_names_the_tensor(backend, which, shape, said):
     cache = cache_(backend)
-    state = cache.open_state("s")
+    state = open_state(cache, "s")
     args = dict(zip("qkv", qkv()))
     args[which] = torch.randn(*shape)
     with pytest.raises(KVStateError, match=r"attend\(layer=0\): " + said):
@@ -118,7 +119,7 @@ def test_wrong_shape_names_the_tensor(backend, which, shape, said):
 
 
 def test_k_must_match_num_frames_of_the_block(backend):
-    state = cache_(backend).open_state("s")
+    state = open_state(cache_(backend), "s")
     with state.block("main", num_frames=1) as blk:
         blk.attend(0, *qkv(num_frames=1))
         with pytest.raises(KVStateError, match=r"k has shape \(6, 2, 4\); expected .*\(3, 2, 4\)"):
@@ -127,7 +128,7 @@ def test_k_must_match_num_frames_of_the_block(backend):
 
 @pytest.mark.parametrize("which", ["q", "k", "v", "extra_k", "extra_v"])
 def test_wrong_dtype_names_the_tensor(backend, which):
-    state = cache_(backend).open_state("s")
+    state = open_state(cache_(backend), "s")
     args = dict(zip("qkv", qkv()), extra_k=torch.randn(2, H, HS), extra_v=torch.randn(2, H, HS))
     args[which] = args[which].double()
     with pytest.raises(KVStateError, match=rf"attend\(layer=0\): {which} is torch.float64; "
@@ -138,7 +139,7 @@ def test_wrong_dtype_names_the_tensor(backend, which):
 
 @pytest.mark.parametrize("which", ["q", "k", "v", "extra_k"])
 def test_wrong_device_names_the_tensor(backend, which):
-    state = cache_(backend).open_state("s")
+    state = open_state(cache_(backend), "s")
     args = dict(zip("qkv", qkv()), extra_k=torch.randn(2, H, HS), extra_v=torch.randn(2, H, HS))
     args[which] = args[which].to("meta")  # a device other than the cache's, on any machine
     with pytest.raises(KVStateError, match=rf"{which} is on meta; expected cpu"):
@@ -147,7 +148,7 @@ def test_wrong_device_names_the_tensor(backend, which):
 
 
 def test_not_a_tensor(backend):
-    state = cache_(backend).open_state("s")
+    state = open_state(cache_(backend), "s")
     q, k, v = qkv()
     with pytest.raises(KVStateError, match=r"k is a list, expected a torch.Tensor"):
         with state.block("main") as blk:
@@ -160,7 +161,7 @@ def test_not_a_tensor(backend):
 # -- register tokens -------------------------------------------------------------------------
 
 def test_extra_tokens_above_max_scratch(backend):
-    state = cache_(backend).open_state("s")
+    state = open_state(cache_(backend), "s")
     extra = torch.randn(4, H, HS)
     with pytest.raises(KVStateError, match=r"attend\(layer=0\): 4 register tokens passed; the "
                                            r"spec allows 1\.\.max_scratch_tokens_per_branch=3"):
@@ -169,7 +170,7 @@ def test_extra_tokens_above_max_scratch(backend):
 
 
 def test_extra_tokens_when_the_spec_declares_none(backend):
-    state = cache_(backend, spec_(registers=0)).open_state("s")
+    state = open_state(cache_(backend, spec_(registers=0)), "s")
     extra = torch.randn(1, H, HS)
     with pytest.raises(KVStateError, match=r"1 register tokens passed; the spec allows "
                                            r"1\.\.max_scratch_tokens_per_branch=0"):
@@ -178,7 +179,7 @@ def test_extra_tokens_when_the_spec_declares_none(backend):
 
 
 def test_extra_k_without_extra_v_and_mismatched_lengths(backend):
-    state = cache_(backend).open_state("s")
+    state = open_state(cache_(backend), "s")
     with state.block("main") as blk:
         with pytest.raises(KVStateError, match=r"pass both extra_k and extra_v or neither"):
             blk.attend(0, *qkv(), extra_k=torch.randn(2, H, HS))
@@ -190,7 +191,7 @@ def test_extra_k_without_extra_v_and_mismatched_lengths(backend):
 # -- branches, frames, slots ----------------------------------------------------------------
 
 def test_unknown_branch(backend):
-    state = cache_(backend).open_state("s")
+    state = open_state(cache_(backend), "s")
     with pytest.raises(KVStateError, match=r"branch 'positive' is not declared by the spec "
                                            r"\(declared: main\)"):
         with state.block("positive"):
@@ -202,9 +203,9 @@ def test_unknown_branch(backend):
 
 
 def test_two_branches_sharing_a_local_index_in_one_session(backend):
-    cache = cache_(backend, spec_(branches=SHARED_SLOT_BRANCHES, session_capacity=2),
+    cache = cache_(backend, spec_(kv_branches=SHARED_SLOT_BRANCHES, session_capacity=2),
                    max_sessions=2)
-    state = cache.open_state("s")
+    state = open_state(cache, "s")
     commit_block(state, "positive")
     with pytest.raises(KVStateError, match=r"branches 'positive' and 'negative' share "
                                            r"local_index 0; one session can use only one"):
@@ -213,14 +214,14 @@ def test_two_branches_sharing_a_local_index_in_one_session(backend):
     with pytest.raises(KVStateError, match=r"share local_index 0"):
         state.set_cross_kv("negative", "text", [(torch.randn(5, H, HS),) * 2] * L)
     assert state.num_committed_frames("positive") == B
-    other = cache.open_state("t")  # another session may use the other branch
+    other = open_state(cache, "t")  # another session may use the other branch
     commit_block(other, "negative")
     assert other.num_committed_frames("negative") == B
 
 
 @pytest.mark.parametrize("num_frames", [0, B + 1, -1, 1.0])
 def test_num_frames_out_of_range(backend, num_frames):
-    state = cache_(backend).open_state("s")
+    state = open_state(cache_(backend), "s")
     with pytest.raises(KVStateError, match=rf"block: num_frames={num_frames!r} is out of range "
                                            rf"1\.\.frames_per_block={B}"):
         with state.block("main", num_frames=num_frames):
@@ -229,7 +230,7 @@ def test_num_frames_out_of_range(backend, num_frames):
 
 def test_second_block_on_the_same_slot(backend):
     cache = cache_(backend, spec_(session_capacity=2), max_sessions=2)
-    state, other = cache.open_state("s"), cache.open_state("t")
+    state, other = open_state(cache, "s"), open_state(cache, "t")
     with state.block("main") as blk:
         with pytest.raises(KVStateError, match=r"block on branch 'main': a block on local slot "
                                                r"0 \('main'\) is still open; close it first"):
@@ -256,9 +257,9 @@ def _every_use(state):
 @pytest.mark.parametrize("how", ["release", "forget"])
 def test_state_used_after_release_or_forget(backend, how):
     cache = cache_(backend)
-    state = cache.open_state("s")
+    state = open_state(cache, "s")
     commit_block(state)
-    cache.release_session("s") if how == "release" else cache.forget_state(state)
+    cache.release_session("s") if how == "release" else state.close()
     for use in _every_use(state):
         with pytest.raises(KVStateError, match=r"KV state of session 's' used after its bind "
                                                r"ended or the session was released"):
@@ -266,30 +267,30 @@ def test_state_used_after_release_or_forget(backend, how):
     if how == "release":
         assert not cache.has_session("s")
         assert used_pages(cache) in (0, None)
-        assert cache.open_state("s").num_committed_frames("main") == 0  # a fresh session
+        assert open_state(cache, "s").num_committed_frames("main") == 0  # a fresh session
 
 
 @pytest.mark.parametrize("how", ["release", "forget"])
 def test_block_left_open_across_release_or_forget(backend, how):
     """A commit block whose state ends while it is open commits nothing and leaks nothing."""
     cache = cache_(backend)
-    state = cache.open_state("s")
+    state = open_state(cache, "s")
     with pytest.raises(KVStateError, match=r"used after its bind ended or the session was "
                                            r"released"):
         with state.block("main", commit=True) as blk:
             for layer in range(L):
                 blk.attend(layer, *qkv())
-            cache.release_session("s") if how == "release" else cache.forget_state(state)
+            cache.release_session("s") if how == "release" else state.close()
     if how == "release":
         assert used_pages(cache) in (0, None)
-    assert cache.open_state("s").num_committed_frames("main") == 0
+    assert open_state(cache, "s").num_committed_frames("main") == 0
 
 
 def test_release_unknown_session(backend):
     cache = cache_(backend)
     with pytest.raises(SessionError, match=r"session 'nope' is not resident; nothing to release"):
         cache.release_session("nope")
-    cache.open_state("s")
+    open_state(cache, "s")
     cache.release_session("s")
     with pytest.raises(SessionError, match=r"session 's' is not resident"):
         cache.release_session("s")
@@ -298,20 +299,20 @@ def test_release_unknown_session(backend):
 def test_more_sessions_than_capacity(backend):
     cache = cache_(backend, spec_(session_capacity=2), max_sessions=2)
     assert cache.capacity == 2
-    cache.open_state("a")
-    cache.open_state("b")
-    cache.open_state("a")  # a resident session opens again freely
+    open_state(cache, "a")
+    open_state(cache, "b")
+    open_state(cache, "a")  # a resident session opens again freely
     with pytest.raises(SessionError, match=r"KV cache is full \(2 sessions resident\); release "
                                            r"one before opening session 'c'"):
-        cache.open_state("c")
+        open_state(cache, "c")
     assert sorted(cache.session_ids) == ["a", "b"]
     cache.release_session("a")
-    cache.open_state("c")
+    open_state(cache, "c")
 
 
 def test_close_is_safe_twice(backend):
     cache = cache_(backend)
-    commit_block(cache.open_state("s"))
+    commit_block(open_state(cache, "s"))
     cache.close()
     cache.close()
     assert cache.session_ids == []

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ardiff.kv.cache import create_cache
+from ardiff.kv.backend import create_cache
+from ardiff.kv.state import open_state
 from ardiff.kv import storage as storage_module
 from ardiff.kv.storage import PagedStorage
 from kvdrive import CFG_BRANCHES, make_spec, paged_tables, plan_for
@@ -24,7 +25,7 @@ def spec_(**kw):
                                                 ("bfloat16", torch.bfloat16)])
 @pytest.mark.parametrize("page_tokens", [5, 2, 1, 8])
 def test_layout_and_bytes(page_tokens, dtype, torch_dtype):
-    plan = plan_for(spec_(branches=CFG_BRANCHES), page_tokens, dtype, max_sessions=3)
+    plan = plan_for(spec_(kv_branches=CFG_BRANCHES), page_tokens, dtype, max_sessions=3)
     storage = PagedStorage(plan, "cpu")
     shape = (plan.total_pages, page_tokens, HEADS, HS)
     assert len(storage.k) == len(storage.v) == LAYERS
@@ -113,7 +114,7 @@ def test_poison_fills_free_and_evicted_pages_with_nan():
     cache = create_cache(plan, "paged", poison=True)
     storage = cache.storage
     assert _is_nan(storage, range(plan.total_pages)), "unused pages start poisoned"
-    state = cache.open_state("s")
+    state = open_state(cache, "s")
     seen_pages: set[int] = set()
     for _ in range(4):
         before = _history_pages(cache)

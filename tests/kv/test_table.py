@@ -7,7 +7,8 @@ import itertools
 import pytest
 import torch
 
-from ardiff.kv.cache import create_cache
+from ardiff.kv.backend import create_cache
+from ardiff.kv.state import open_state
 from ardiff.kv.pool import PagePool
 from ardiff.kv.table import PageTable
 from ardiff.kv.window import WindowPolicy
@@ -112,16 +113,16 @@ def test_paged_cache_bounded_over_a_long_rollout(reset_at_boundary):
     cache = create_cache(plan, "paged", poison=True)
     q = torch.ones(6, 1, 2)
     extra = torch.ones(1, 1, 2)
-    bound = spec.history_frames_per_branch
+    bound = plan.history_frames_per_branch
     for block_index in range(150):  # 300 frames
-        state = cache.open_state("s")
+        state = open_state(cache, "s")
         with state.block("main", commit=True) as blk:
             assert blk.start_frame == 2 * block_index  # absolute positions
             assert len(blk.visible_frames) <= bound
             assert blk.visible_frames[:1] == [0] * min(1, block_index)
             assert not torch.isnan(blk.attend(0, q, q, q, extra, extra)).any()
             assert cache.pool.num_used <= plan.total_pages
-        cache.forget_state(state)
+        state.close()
         check_pool(cache)
         assert cache.pool.num_used <= plan.history_pages_per_session
     assert cache.num_committed_frames("s", "main") == 300

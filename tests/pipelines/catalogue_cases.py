@@ -124,7 +124,8 @@ CASES = [
          r".*unexpected keyword argument 'colour'", args=("--set", "pipeline.args.colour=3")),
     Case("object lacks protocol methods", 2, r"^pipeline: "
          r"'spec_pipelines\.py:MissingMethodsPipeline' built a MissingMethodsPipeline that lacks "
-         r"generate_block, close_ar_diffusion_session; implement SupportsARDiffusionPipeline",
+         r"bind_ar_diffusion_state, close_ar_diffusion_session, generate_block; implement "
+         r"SupportsARDiffusionPipeline and SupportsARDiffusionBlockGeneration$",
          config=entry("spec_pipelines.py:MissingMethodsPipeline")),
     Case("bad video_frames_per_latent_frame", 2, r"^pipeline: video_frames_per_latent_frame is "
          r"0; it must be an integer >= 1", config=args_of(video_frames_per_latent_frame=0)),
@@ -134,10 +135,10 @@ CASES = [
          r"'fault_pipelines\.py:FaultPipeline' with args \{'frames_per_block': 0\} raised "
          r"SpecError: spec\.frames_per_block: 0 is invalid; it must be an integer > 0",
          config=args_of(frames_per_block=0)),
-    Case("spec method raises", 2, r"^pipeline: get_ar_diffusion_kv_cache_spec\(\) raised "
+    Case("spec method raises", 2, r"^pipeline: ar_diffusion_kv_cache_spec\(\) raised "
          r"RuntimeError: geometry unknown before load",
          config=entry("spec_pipelines.py:SpecRaisesPipeline")),
-    Case("spec method returns no spec", 2, r"^pipeline: get_ar_diffusion_kv_cache_spec\(\) "
+    Case("spec method returns no spec", 2, r"^pipeline: ar_diffusion_kv_cache_spec\(\) "
          r"returned a dict; it must return an ARDiffusionKVCacheSpec",
          config=entry("spec_pipelines.py:WrongSpecTypePipeline")),
     Case("rollout longer than max_model_len", 2, r"^rollout\.frames: 20 frames need 10 blocks "

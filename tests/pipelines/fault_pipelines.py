@@ -27,6 +27,7 @@ as `/abs/path/fault_pipelines.py:FaultPipeline` in another process too.
 
 from __future__ import annotations
 
+import contextlib
 import torch
 
 import ardiff
@@ -41,7 +42,7 @@ FAULTS = ("forward", "interrupt", "reset_hook", "close_hook", "warmup", "load", 
 # window with a 1-frame sink: 3 frames (3 pages) of history per session.
 FAULT_SPEC = dict(num_layers=2, num_kv_heads=1, head_size=8, tokens_per_frame=2,
                   frames_per_block=FRAMES_PER_BLOCK, window_frames=4, sink_frames=1,
-                  session_capacity=2)
+                  session_capacity=2, kv_branches=(ardiff.ARDiffusionKVBranchSpec("main", 0),))
 
 
 def paint(frame: int) -> int:
@@ -70,7 +71,7 @@ class FaultPipeline:
         self.sessions: set[str] = set()  # model-owned state: sessions with a decoder
 
     # -- contract --------------------------------------------------------------------
-    def get_ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
+    def ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
         return self.spec
 
     def load(self, device, dtype) -> None:
@@ -82,13 +83,17 @@ class FaultPipeline:
         if self.fault == "reset_hook":
             raise InjectedFault(f"reset hook of {session_id!r}")
 
+    def bind_ar_diffusion_state(self, session_id: str, state) -> contextlib.AbstractContextManager[None]:
+        """The state reaches generate_block as its argument: nothing to bind."""
+        return contextlib.nullcontext()
+
     def close_ar_diffusion_session(self, session_id: str) -> None:
         self.sessions.discard(session_id)
         if self.fault == "close_hook":
             raise InjectedFault(f"close hook of {session_id!r}")
 
-    def ar_diffusion_warmup_requests(self) -> list[ardiff.RolloutRequest]:
-        return [ardiff.RolloutRequest("warmup", block_index=i, prompt="warmup",
+    def ar_diffusion_warmup_requests(self, session_id: str) -> list[ardiff.RolloutRequest]:
+        return [ardiff.RolloutRequest(session_id, block_index=i, prompt="warmup",
                                       extra={"warmup": True})
                 for i in range(self.warmup_blocks)]
 

@@ -20,6 +20,7 @@ The fault-injecting variants below change one thing each.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +34,8 @@ TEXT_TOKENS = 3
 # 2 layers x 2 KV heads x 16 dims, 4 tokens per frame, blocks of 2 frames, a
 # 4-frame window with a 1-frame sink: 3 frames (pages) of history per session.
 PROBE_SPEC = dict(num_layers=2, num_kv_heads=2, head_size=16, tokens_per_frame=4,
-                  frames_per_block=2, window_frames=4, sink_frames=1, session_capacity=8)
+                  frames_per_block=2, window_frames=4, sink_frames=1, session_capacity=8,
+    kv_branches=(ardiff.ARDiffusionKVBranchSpec("main", 0),))
 
 
 class ProbeMismatch(RuntimeError):
@@ -73,7 +75,7 @@ class _ProbeBase:
         self.model_state: dict[str, SessionModelState] = {}
 
     # -- contract ------------------------------------------------------------------
-    def get_ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
+    def ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
         return self.spec
 
     def load(self, device, dtype: torch.dtype) -> None:
@@ -83,6 +85,10 @@ class _ProbeBase:
     def reset_ar_diffusion_session(self, session_id: str) -> None:
         self.hook_calls.append(("reset", session_id))
         self.model_state.pop(session_id, None)
+
+    def bind_ar_diffusion_state(self, session_id: str, state) -> contextlib.AbstractContextManager[None]:
+        """The state reaches generate_block as its argument: nothing to bind."""
+        return contextlib.nullcontext()
 
     def close_ar_diffusion_session(self, session_id: str) -> None:
         self.hook_calls.append(("close", session_id))
@@ -173,8 +179,8 @@ class ProbePipeline(_ProbeBase):
         super().__init__(**kwargs)
         self.warmup_blocks = warmup_blocks
 
-    def ar_diffusion_warmup_requests(self) -> list[ardiff.RolloutRequest]:
-        return [ardiff.RolloutRequest("warmup", block_index=i, prompt="warmup", reset=i == 0)
+    def ar_diffusion_warmup_requests(self, session_id: str) -> list[ardiff.RolloutRequest]:
+        return [ardiff.RolloutRequest(session_id, block_index=i, prompt="warmup", reset=i == 0)
                 for i in range(self.warmup_blocks)]
 
 
@@ -233,10 +239,10 @@ class FailingWarmupPipeline(ProbePipeline):
         super().__init__(**kwargs)
         self.fail_in = fail_in
 
-    def ar_diffusion_warmup_requests(self) -> list[ardiff.RolloutRequest]:
+    def ar_diffusion_warmup_requests(self, session_id: str) -> list[ardiff.RolloutRequest]:
         if self.fail_in == "requests":
             raise RuntimeError("injected fault building warmup requests")
-        return super().ar_diffusion_warmup_requests()
+        return super().ar_diffusion_warmup_requests(session_id)
 
     def _fault(self, request: ardiff.RolloutRequest, stage: str, layer: int = 0,
                blk=None) -> None:

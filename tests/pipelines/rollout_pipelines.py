@@ -20,6 +20,7 @@ Loaded as `/abs/path/rollout_pipelines.py:RecordingPipeline` from YAML.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -35,7 +36,8 @@ GREY_STEP = 20  # grey level between consecutive frames: survives lossy codecs
 
 # 1 layer x 1 KV head x 8 dims, 2 tokens per frame, blocks of 2 frames, a 4-frame window.
 RECORDING_SPEC = dict(num_layers=1, num_kv_heads=1, head_size=8, tokens_per_frame=2,
-                      frames_per_block=2, window_frames=4, sink_frames=1, session_capacity=4)
+                      frames_per_block=2, window_frames=4, sink_frames=1, session_capacity=4,
+    kv_branches=(ardiff.ARDiffusionKVBranchSpec("main", 0),))
 
 
 def paint(frame: int) -> int:
@@ -54,17 +56,21 @@ class RecordingPipeline:
             cross_attention=(ardiff.ARDiffusionCrossAttentionKVSpec(TEXT_CACHE, TEXT_TOKENS),))
         self.records: list[dict] = []
 
-    def get_ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
+    def ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
         return self.spec
 
     def reset_ar_diffusion_session(self, session_id: str) -> None:
         pass
 
+    def bind_ar_diffusion_state(self, session_id: str, state) -> contextlib.AbstractContextManager[None]:
+        """The state reaches generate_block as its argument: nothing to bind."""
+        return contextlib.nullcontext()
+
     def close_ar_diffusion_session(self, session_id: str) -> None:
         pass
 
-    def ar_diffusion_warmup_requests(self) -> list[ardiff.RolloutRequest]:
-        return [ardiff.RolloutRequest("warmup", block_index=i, prompt="warmup")
+    def ar_diffusion_warmup_requests(self, session_id: str) -> list[ardiff.RolloutRequest]:
+        return [ardiff.RolloutRequest(session_id, block_index=i, prompt="warmup")
                 for i in range(self.warmup_blocks)]
 
     def generate_block(self, request: ardiff.RolloutRequest, state) -> ardiff.BlockOutput:

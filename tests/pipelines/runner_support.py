@@ -8,10 +8,10 @@ import yaml
 
 import ardiff
 import probe_pipeline as probe
-from ardiff.kv.cache import create_cache
+from ardiff.kv.backend import create_cache
 from ardiff.kv.plan import make_plan
-from ardiff.loader import get_spec
-from ardiff.runner import Runner
+from ardiff.engine.loader import get_spec
+from ardiff.engine.runner import Runner
 
 PIPELINES_FILE = Path(__file__).parent / "probe_pipeline.py"
 BIG_BUDGET = 1 << 30
@@ -25,7 +25,7 @@ def make_runner(pipeline=None, capacity: int = 2, backend: str = "paged") -> Run
 
 
 def run(runner: Runner, session_id: str, num_blocks: int, first_block: int = 0, **fields):
-    return [runner.execute(ardiff.RolloutRequest(session_id, block_index=b, **fields))
+    return [runner.execute(ardiff.RolloutRequest(session_id, block_index=b, **fields)).output
             for b in range(first_block, first_block + num_blocks)]
 
 

@@ -1,66 +1,52 @@
 """The runner: owns the pipeline, the KV cache and the sessions (DESIGN §5).
 
-    Runner.from_config(config)   build the pipeline, call its load(device, dtype),
-                                 measure free memory, plan, allocate the cache
-    runner.warmup()              the pipeline's warmup requests on a reserved session
-    runner.execute(request)      one AR block of one session -> BlockOutput
-    runner.stats()               latencies, session counts, pages; it never prints
+    runner = build_runner(config)     (ardiff.engine.build: load, measure, plan, allocate)
+    runner.warmup()                   the pipeline's warmup requests on a reserved session
+    runner.execute(request)           one AR block of one session -> BlockResult(output, latency_s)
+    runner.stats()                    latencies, session counts, pages; it never prints
 
-One release path serves reset, close, LRU eviction and failure: it releases
-the session's KV (pages, cross-attention K/V) and calls the pipeline's hook,
-running every step even when one raises.
+Every forward, warmup included, runs as
+
+    with pipeline.bind_ar_diffusion_state(session_id, state):
+        output = pipeline.generate_block(request, state)
+
+and the state is closed when the bind exits. One release path serves reset,
+close, LRU eviction and failure: it releases the session's KV (pages,
+cross-attention K/V), then calls the pipeline's hook (`reset_...` for a
+reset, `close_...` otherwise), running every step even when one raises.
+
+A session starts when the runner first sees its id and lives until reset,
+close, eviction or a failed forward. Warmup never evicts: it runs on a free
+session slot under `WARMUP_SESSION_ID` and refuses to start when every slot
+holds a user's session (`ardiff rollout` and `ardiff warmup` run it first,
+before any user session exists).
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-from ardiff.config import RunConfig
-from ardiff.device import free_memory_bytes, resolve_device
-from ardiff.errors import (ArdiffError, BlockOutputError, CapacityError, PipelineError,
-                           SessionError, WarmupError)
-from ardiff.inspect import effective_spec, plan_for
-from ardiff.kv.base import CacheStats, KVCacheBase
-from ardiff.kv.cache import create_cache
+from ardiff.contract.forward import BlockOutput, RolloutRequest
+from ardiff.engine.sessions import Release, SessionInfo, SessionMap
+from ardiff.errors import (ArdiffError, BlockOutputError, PipelineError, SessionError,
+                           WarmupError)
+from ardiff.kv.backend import CacheStats, KVCacheBase
 from ardiff.kv.plan import KVPlan
-from ardiff.kv.state import KVState
-from ardiff.kv.storage import TORCH_DTYPES
-from ardiff.loader import build_pipeline, get_spec
-from ardiff.request import BlockOutput, RolloutRequest
-from ardiff.sizes import format_bytes
-from ardiff.sessions import Release, SessionInfo, SessionMap
+from ardiff.kv.state import KVState, open_state
 
 WARMUP_SESSION_ID = "__ardiff_warmup__"
 
 
-@contextlib.contextmanager
-def bind_ar_diffusion_state(cache: KVCacheBase, session_id: str) -> Iterator[KVState]:
-    """A KV state for one forward; it is closed (unusable) when the bind ends."""
-    state = cache.open_state(session_id)
-    try:
-        yield state
-    finally:
-        cache.forget_state(state)
+@dataclass(frozen=True)
+class BlockResult:
+    """What `execute` returns: the block's output and the seconds its forward took."""
 
-
-def _allocate(plan: KVPlan, backend: str, device: str, poison: bool) -> KVCacheBase:
-    """The cache; a budget the device cannot actually provide is a capacity error (exit 3)."""
-    try:
-        return create_cache(plan, backend, device, poison)
-    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
-        if isinstance(exc, RuntimeError) and "alloc" not in str(exc).lower():
-            raise
-        raise CapacityError(
-            f"runtime.memory_budget: allocating the KV cache ({format_bytes(plan.total_bytes)} "
-            f"for {plan.session_capacity} session(s)) on {device} failed "
-            f"({type(exc).__name__}); lower runtime.memory_budget or runtime.max_sessions "
-            f"to what the device really has") from exc
+    output: BlockOutput
+    latency_s: float
 
 
 @dataclass
@@ -101,65 +87,58 @@ class Runner:
         self.warmup_latencies_s: list[float] = []
         self._closed = False
 
-    @classmethod
-    def from_config(cls, config: RunConfig) -> Runner:
-        """Build, load, measure, plan and allocate, in that order (DESIGN §2, §4)."""
-        return cls.from_pipeline(build_pipeline(config.pipeline, config.base_dir), config)
-
-    @classmethod
-    def from_pipeline(cls, pipeline: Any, config: RunConfig, load_weights: bool = True) -> Runner:
-        """Load a built pipeline, then plan and allocate its cache under the config's budget.
-
-        `load_weights=False` skips the `load` hook, for a pipeline another runner loaded.
-        """
-        spec = effective_spec(config, get_spec(pipeline))
-        device = resolve_device(config.runtime.device)
-        load = getattr(pipeline, "load", None)
-        if load_weights and callable(load):
-            try:
-                load(device, TORCH_DTYPES[config.runtime.dtype])
-            except ArdiffError:
-                raise
-            except Exception as exc:
-                raise PipelineError(f"pipeline: load({device!r}, {config.runtime.dtype}) raised "
-                                    f"{type(exc).__name__}: {exc}") from exc
-        kv = config.runtime.kv
-        plan = plan_for(config, spec, free_memory_bytes(device),
-                        stores_registers=kv.backend == "paged")
-        return cls(pipeline, _allocate(plan, kv.backend, device, kv.poison), device)
-
     # -- serving ---------------------------------------------------------------
-    def execute(self, request: RolloutRequest) -> BlockOutput:
+    def execute(self, request: RolloutRequest) -> BlockResult:
         """Run one AR block. Any exception releases the session (fail-closed), then propagates."""
         if request.session_id == WARMUP_SESSION_ID:
             raise SessionError(f"session id {WARMUP_SESSION_ID!r} is reserved for warmup; "
                                f"use another session_id")
-        output, latency = self._run(request)
-        self.block_latencies_s.append(latency)
-        return output
+        result = self._run(request)
+        self.block_latencies_s.append(result.latency_s)
+        return result
 
-    def _run(self, request: RolloutRequest) -> tuple[BlockOutput, float]:
+    def _run(self, request: RolloutRequest) -> BlockResult:
         self._check_open()
         sid = request.session_id
-        if request.reset and sid in self.sessions:
+        if request.reset:  # the reset hook runs on every reset, resident or not
             self._release(sid, Release.RESET)
         info = self._admit(sid)
         if request.clear_cross_kv:
-            for branch in self.cache.spec.branches:
+            for branch in self.cache.spec.kv_branches:
                 self.cache.cross.clear(sid, branch.name)
         start = time.perf_counter()
+        stage = ["bind_ar_diffusion_state"]  # what was running when an exception came
         try:
-            with bind_ar_diffusion_state(self.cache, sid) as state:
-                output = self.pipeline.generate_block(request, state)
-                self._synchronize()
-            self._check_output(info, request, output)
+            output = self._forward(request, stage)
+            info.frame_size = self._check_output(info, request, output)
         except BaseException as exc:
-            self._fail(sid, request, exc)
+            self._fail(sid, request, exc, stage[0])
         latency = time.perf_counter() - start
         info.blocks += 1
         if request.close_session:
             self._release(sid, Release.CLOSED)
-        return output, latency
+        return BlockResult(output, latency)
+
+    def _forward(self, request: RolloutRequest, stage: list[str]) -> Any:
+        """generate_block inside the pipeline's bind; the state is closed when the bind ends."""
+        state = open_state(self.cache, request.session_id)
+        try:
+            with self._bind(request.session_id, state):
+                stage[0] = "generate_block"
+                output = self.pipeline.generate_block(request, state)
+                self._synchronize()
+                stage[0] = "bind_ar_diffusion_state"  # its exit
+        finally:
+            state.close()
+        return output
+
+    def _bind(self, session_id: str, state: KVState) -> Any:
+        bind = self.pipeline.bind_ar_diffusion_state(session_id, state)
+        if not (hasattr(bind, "__enter__") and hasattr(bind, "__exit__")):
+            raise PipelineError(f"pipeline: bind_ar_diffusion_state returned a "
+                                f"{type(bind).__name__}; it must return a context manager "
+                                f"(e.g. contextlib.nullcontext())")
+        return bind
 
     def _admit(self, session_id: str) -> SessionInfo:
         if session_id not in self.sessions and self.sessions.is_full:
@@ -170,13 +149,14 @@ class Runner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _fail(self, session_id: str, request: RolloutRequest, exc: BaseException) -> None:
+    def _fail(self, session_id: str, request: RolloutRequest, exc: BaseException,
+              stage: str) -> None:
         cleanup_errors = self._release_steps(session_id, Release.FAILED)
         if isinstance(exc, (ArdiffError, KeyboardInterrupt)) or not isinstance(exc, Exception):
             error = exc
         else:
             error = PipelineError(f"session {session_id!r} block {request.block_index}: "
-                                  f"generate_block raised {type(exc).__name__}: {exc}")
+                                  f"{stage} raised {type(exc).__name__}: {exc}")
         for cleanup_error in cleanup_errors:  # on the error that propagates, not its cause
             if hasattr(error, "add_note"):
                 error.add_note(f"while releasing session {session_id!r}: "
@@ -185,26 +165,17 @@ class Runner:
             raise exc
         raise error from exc
 
-    def _check_output(self, info: SessionInfo, request: RolloutRequest, output: Any) -> None:
+    def _check_output(self, info: SessionInfo, request: RolloutRequest,
+                      output: Any) -> tuple[int, int]:
         where = f"session {info.session_id!r} block {request.block_index}: BlockOutput"
         if not isinstance(output, BlockOutput):
             raise BlockOutputError(f"{where} expected, got {type(output).__name__}")
-        frames = output.frames
-        if not isinstance(frames, torch.Tensor):
-            raise BlockOutputError(f"{where}.frames is a {type(frames).__name__}; expected a "
-                                   f"uint8 tensor [F, H, W, 3]")
-        if frames.dtype != torch.uint8:
-            raise BlockOutputError(f"{where}.frames is {frames.dtype}; expected torch.uint8 "
-                                   f"(decode and clamp to 0..255)")
-        if frames.dim() != 4 or frames.shape[-1] != 3 or min(frames.shape[:3]) == 0:
-            raise BlockOutputError(f"{where}.frames has shape {tuple(frames.shape)}; expected "
-                                   f"[F > 0, H > 0, W > 0, 3]")
-        size = (int(frames.shape[1]), int(frames.shape[2]))
+        size = output.check(where)
         if info.frame_size is not None and size != info.frame_size:
             raise BlockOutputError(f"{where}.frames are {size[0]}x{size[1]} (HxW); earlier "
                                    f"blocks of this session were {info.frame_size[0]}x"
                                    f"{info.frame_size[1]}")
-        info.frame_size = size
+        return size
 
     # -- the one release path ----------------------------------------------------
     def _release(self, session_id: str, why: Release) -> None:
@@ -254,23 +225,29 @@ class Runner:
 
     # -- warmup -------------------------------------------------------------------
     def warmup(self) -> WarmupReport:
-        """Run the pipeline's warmup requests on a reserved session, then release it.
+        """Run `ar_diffusion_warmup_requests(WARMUP_SESSION_ID)` on a free slot, then release it.
 
-        Raises `WarmupError` if a request raised. A leak (pages not given back)
-        is reported in `leaked_pages`; callers decide how loud it is.
+        Raises `SessionError` when every slot holds a user's session (warmup never
+        evicts one) and `WarmupError` if a request raised or carried another
+        session id. A leak (pages not given back) is reported in `leaked_pages`;
+        callers decide how loud it is.
         """
         make_requests = getattr(self.pipeline, "ar_diffusion_warmup_requests", None)
         if not callable(make_requests):
             return WarmupReport(skipped_reason="the pipeline declares no warmup requests "
                                                "(SupportsARDiffusionWarmup)")
+        self._check_open()
+        if self.sessions.is_full:
+            raise SessionError(f"warmup needs a free session slot and all "
+                               f"{self.sessions.capacity} hold sessions; warmup never evicts "
+                               f"one: run it before opening sessions, or close one first")
         report = WarmupReport(pages_in_use_before=self.cache.stats().pages_in_use)
         start = time.perf_counter()
         try:
             try:
-                for request in make_requests():
-                    request = dataclasses.replace(request, session_id=WARMUP_SESSION_ID)
-                    _output, latency = self._run(request)
-                    report.latencies_s.append(latency)
+                for request in make_requests(WARMUP_SESSION_ID):
+                    self._check_warmup_request(request)
+                    report.latencies_s.append(self._run(request).latency_s)
             finally:
                 if WARMUP_SESSION_ID in self.sessions:
                     self._release(WARMUP_SESSION_ID, Release.CLOSED)
@@ -280,6 +257,16 @@ class Runner:
         report.pages_in_use_after = self.cache.stats().pages_in_use
         self.warmup_latencies_s.extend(report.latencies_s)
         return report
+
+    @staticmethod
+    def _check_warmup_request(request: Any) -> None:
+        if not isinstance(request, RolloutRequest):
+            raise SessionError(f"ar_diffusion_warmup_requests yielded a "
+                               f"{type(request).__name__}; yield RolloutRequest objects")
+        if request.session_id != WARMUP_SESSION_ID:
+            raise SessionError(f"a warmup request carries session_id {request.session_id!r}; "
+                               f"ar_diffusion_warmup_requests(session_id) must yield requests "
+                               f"with the session_id it is given ({WARMUP_SESSION_ID!r})")
 
     def stats(self) -> RunnerStats:
         return RunnerStats(list(self.block_latencies_s), list(self.warmup_latencies_s),

@@ -1,22 +1,52 @@
-"""What every KV backend shares: sessions, slot rules, cross-attention K/V, states.
+"""What every KV backend shares: the branch and block protocols, sessions, the factory.
 
-A backend (paged or dense) subclasses `KVCacheBase` and supplies the branch
-objects that hold history (`new_branch`, `release_branch`) and its numbers
-(`stats`). The runner alone opens and releases sessions.
+    create_cache(plan, "paged" | "dense")  -> KVCacheBase
+    cache.open_session(id) -> SessionKV     the runner alone opens and releases sessions
+    cache.release_session(id)               frees its pages, tensors and cross-attention K/V
+
+A backend subclasses `KVCacheBase` and supplies the objects that hold history
+(`new_branch`, `release_branch`: a `BranchKV` that begins `BlockKV`s) and its
+numbers (`stats`). The state API a pipeline sees (`ardiff.kv.state`) sits on
+top and is the same for every backend.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import torch
 
+from ardiff.dtypes import torch_dtype
 from ardiff.errors import KVStateError, SessionError
 from ardiff.kv.cross import CrossKVStore
 from ardiff.kv.plan import KVPlan
-from ardiff.kv.state import BranchKV, KVState
-from ardiff.kv.storage import TORCH_DTYPES
+from ardiff.kv.session import SessionKV
+
+BACKENDS = ("paged", "dense")
+
+
+class BlockKV(Protocol):
+    """A backend's view of one block in flight."""
+
+    start_frame: int
+    visible_frames: list[int]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
+               scale: float | None) -> torch.Tensor: ...
+
+    def commit(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+class BranchKV(Protocol):
+    """A backend's history of one branch of one session."""
+
+    num_committed_frames: int
+
+    def begin(self, num_frames: int) -> BlockKV: ...
 
 
 @dataclass(frozen=True)
@@ -32,58 +62,18 @@ class CacheStats:
     resident_sessions: int
 
 
-class SessionKV:
-    """One session's branches on one backend; which branch owns which local slot."""
-
-    def __init__(self, cache: KVCacheBase, session_id: str) -> None:
-        self.cache, self.session_id = cache, session_id
-        self.branches: dict[str, BranchKV] = {}
-        self.slot_owner: dict[int, str] = {}
-        self.is_released = False
-
-    def check_branch(self, name: str) -> int:
-        """The branch's local slot; raises on an undeclared branch."""
-        for branch in self.cache.spec.branches:
-            if branch.name == name:
-                return branch.local_index
-        known = ", ".join(b.name for b in self.cache.spec.branches)
-        raise KVStateError(f"branch {name!r} is not declared by the spec (declared: {known})")
-
-    def check_slot(self, name: str) -> int:
-        """The branch's local slot, if no other branch of this session holds it; else raise."""
-        slot = self.check_branch(name)
-        owner = self.slot_owner.get(slot, name)
-        if owner != name:
-            raise KVStateError(f"branches {owner!r} and {name!r} share local_index {slot}; one "
-                               f"session can use only one of them on this worker")
-        return slot
-
-    def claim_slot(self, name: str) -> int:
-        """Bind `name` to its local slot for this session; a second branch on it raises."""
-        slot = self.check_slot(name)
-        self.slot_owner[slot] = name
-        return slot
-
-    def branch(self, name: str) -> BranchKV:
-        self.claim_slot(name)
-        if name not in self.branches:
-            self.branches[name] = self.cache.new_branch(self.session_id, name)
-        return self.branches[name]
-
-
 class KVCacheBase:
-    """Sessions, states and cross-attention K/V over a backend's branch storage."""
+    """Resident sessions, the one-block-per-slot rule and cross-attention K/V over a backend."""
 
     backend_name = "base"
 
     def __init__(self, plan: KVPlan, device: str | torch.device = "cpu") -> None:
         self.plan, self.spec = plan, plan.spec
         self.device = _normalize(torch.device(device))
-        self.torch_dtype = TORCH_DTYPES[plan.dtype]
+        self.torch_dtype = torch_dtype(plan.dtype)
         self.cross = CrossKVStore(plan.spec, self.torch_dtype, self.device)
         self._sessions: dict[str, SessionKV] = {}
         self._open_slots: dict[int, str] = {}
-        self._states: dict[str, list[KVState]] = {}
 
     # -- backend hooks -------------------------------------------------------
     def new_branch(self, session_id: str, name: str) -> BranchKV:
@@ -109,40 +99,28 @@ class KVCacheBase:
 
     def num_committed_frames(self, session_id: str, branch: str) -> int:
         session = self._sessions.get(session_id)
-        if session is None or branch not in session.branches:
-            return 0
-        return session.branches[branch].num_committed_frames
+        return 0 if session is None else session.num_committed_frames(branch)
 
-    def open_state(self, session_id: str) -> KVState:
-        """A state over `session_id`, creating the session if it is new (capacity permitting)."""
+    def open_session(self, session_id: str) -> SessionKV:
+        """The session, created if it is new (capacity permitting)."""
         session = self._sessions.get(session_id)
         if session is None:
             if len(self._sessions) >= self.capacity:
                 raise SessionError(f"KV cache is full ({self.capacity} sessions resident); "
                                    f"release one before opening session {session_id!r}")
             session = self._sessions[session_id] = SessionKV(self, session_id)
-        state = KVState(self, session)
-        self._states.setdefault(session_id, []).append(state)
-        return state
+        return session
 
     def release_session(self, session_id: str) -> None:
-        """Free every page and tensor of the session and close its states. Raises if unknown."""
+        """Free every page and tensor of the session; its states become unusable. Raises if
+        unknown."""
         session = self._sessions.pop(session_id, None)
         if session is None:
             raise SessionError(f"session {session_id!r} is not resident; nothing to release")
         session.is_released = True
-        for state in self._states.pop(session_id, []):
-            state.close()
         for branch in session.branches.values():
             self.release_branch(branch)
         self.cross.release(session_id)
-
-    def forget_state(self, state: KVState) -> None:
-        """Drop a finished bind's state (it stays closed)."""
-        state.close()
-        states = self._states.get(state.session_id, [])
-        if state in states:
-            states.remove(state)
 
     # -- one block in flight per slot (in-flight pages are per slot) ---------
     def open_slot(self, slot: int, branch: str) -> None:
@@ -159,9 +137,21 @@ class KVCacheBase:
         for session_id in list(self._sessions):
             self.release_session(session_id)
 
-    def describe(self) -> dict[str, Any]:
-        stats = self.stats()
-        return {k: getattr(stats, k) for k in stats.__dataclass_fields__}
+
+def create_cache(plan: KVPlan, backend: str = "paged", device: str | torch.device = "cpu",
+                 poison: bool = False) -> KVCacheBase:
+    """The cache for `runtime.kv.backend`: `paged` (the runtime) or `dense` (the reference).
+
+    `poison` fills unused and freed pages with NaN (paged only) so a wrong read shows."""
+    if backend == "paged":
+        from ardiff.kv.paged import PagedKVCache
+
+        return PagedKVCache(plan, device, poison)
+    if backend == "dense":
+        from ardiff.kv.dense import DenseKVCache
+
+        return DenseKVCache(plan, device)
+    raise KVStateError(f"runtime.kv.backend: {backend!r} is not a backend; use paged or dense")
 
 
 def _normalize(device: torch.device) -> torch.device:

@@ -21,9 +21,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ardiff.config import PipelineConfig
+from ardiff.config.run import PipelineConfig
 from ardiff.errors import PipelineLoadError, SpecError
-from ardiff.spec import ARDiffusionKVCacheSpec, missing_pipeline_methods
+from ardiff.contract import missing_pipeline_methods
+from ardiff.contract.spec import ARDiffusionKVCacheSpec
 
 ENTRY_POINT_GROUP = "ardiff.pipelines"
 
@@ -113,21 +114,22 @@ def build_pipeline(config: PipelineConfig, base_dir: Path) -> Any:
     if missing:
         raise PipelineLoadError(f"pipeline: {config.entry!r} built a {type(pipeline).__name__} "
                                 f"that lacks {', '.join(missing)}; implement "
-                                f"SupportsARDiffusionPipeline")
+                                f"SupportsARDiffusionPipeline and "
+                                f"SupportsARDiffusionBlockGeneration")
     return pipeline
 
 
 def get_spec(pipeline: Any) -> ARDiffusionKVCacheSpec:
     """Call the pipeline's spec method and check what it returns."""
     try:
-        spec = pipeline.get_ar_diffusion_kv_cache_spec()
+        spec = pipeline.ar_diffusion_kv_cache_spec()
     except SpecError:
         raise
     except Exception as exc:
-        raise PipelineLoadError(f"pipeline: get_ar_diffusion_kv_cache_spec() raised "
+        raise PipelineLoadError(f"pipeline: ar_diffusion_kv_cache_spec() raised "
                                 f"{type(exc).__name__}: {exc}") from exc
     if not isinstance(spec, ARDiffusionKVCacheSpec):
-        raise PipelineLoadError(f"pipeline: get_ar_diffusion_kv_cache_spec() returned a "
+        raise PipelineLoadError(f"pipeline: ar_diffusion_kv_cache_spec() returned a "
                                 f"{type(spec).__name__}; it must return an "
                                 f"ARDiffusionKVCacheSpec")
     return spec

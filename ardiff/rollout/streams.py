@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from ardiff.config import PromptSwitch, RunConfig
+from ardiff.config.run import PromptSwitch, RunConfig
+from ardiff.sizes import ceil_div
 from ardiff.errors import ConfigError
-from ardiff.request import RolloutRequest
-from ardiff.rollout_inputs import output_path_for, read_actions, read_prompts
-from ardiff.spec import ARDiffusionKVCacheSpec
+from ardiff.contract.forward import RolloutRequest
+from ardiff.rollout.inputs import output_path_for, read_actions, read_prompts
+from ardiff.contract.spec import ARDiffusionKVCacheSpec
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,11 @@ class RolloutPlan:
 
     @property
     def blocks_per_stream(self) -> int:
-        return -(-self.frames // self.video_frames_per_block)
+        return ceil_div(self.frames, self.video_frames_per_block)
 
     def switch_block(self, switch: PromptSwitch) -> int:
         """The block a switch applies to: the first one starting at or after its frame."""
-        return -(-switch.frame // self.video_frames_per_block)
+        return ceil_div(switch.frame, self.video_frames_per_block)
 
 
 @dataclass(frozen=True)
@@ -133,11 +134,11 @@ def iter_rollout(runner: Any, plan: RolloutPlan) -> Iterator[BlockEvent]:
     while pending:
         for stream in list(pending if plan.interleave else pending[:1]):
             block_index = next_block[stream.index]
-            output = runner.execute(build_request(plan, stream, block_index))
-            frames = output.frames[:plan.frames - written[stream.index]]
+            result = runner.execute(build_request(plan, stream, block_index))
+            frames = result.output.frames[:plan.frames - written[stream.index]]
             written[stream.index] += int(frames.shape[0])
             next_block[stream.index] += 1
-            yield BlockEvent(stream, block_index, frames, runner.block_latencies_s[-1],
+            yield BlockEvent(stream, block_index, frames, result.latency_s,
                              written[stream.index])
             if written[stream.index] >= plan.frames:  # closed after its frames are handed on
                 pending.remove(stream)

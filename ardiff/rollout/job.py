@@ -17,14 +17,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ardiff.config import RunConfig
-from ardiff.errors import ArdiffError, PipelineLoadError, WarmupError
-from ardiff.inspect import effective_spec
-from ardiff.loader import build_pipeline, get_spec
-from ardiff.rollout import BlockEvent, RolloutPlan, check_capacity, iter_rollout, plan_rollout
-from ardiff.stats import OutputRecord, RolloutReport, peak_rss_bytes
-
-EXIT_INTERRUPTED = 130
+from ardiff.config.run import RunConfig
+from ardiff.errors import (EXIT_FAILED, EXIT_INTERRUPTED, ArdiffError, PipelineLoadError,
+                           WarmupError)
+from ardiff.engine.build import build_runner, resolve
+from ardiff.rollout.streams import BlockEvent, RolloutPlan, check_capacity, iter_rollout, plan_rollout
+from ardiff.rollout.report import OutputRecord, RolloutReport, peak_rss_bytes
 
 
 @dataclass(frozen=True)
@@ -40,17 +38,17 @@ class ProgressEvent:
 def run_rollout(config: RunConfig,
                 on_event: Callable[[ProgressEvent], None] | None = None) -> RolloutReport:
     """Run the rollout the config describes; return its report (status ok/failed/interrupted)."""
-    from ardiff.runner import Runner  # torch is imported only when a job runs
-    from ardiff.video import check_output_path
+    from ardiff.video.writer import check_output_path  # imports torch: only when a job runs
 
     emit = on_event or (lambda event: None)
-    pipeline = build_pipeline(config.pipeline, config.base_dir)
-    spec = effective_spec(config, get_spec(pipeline))
-    plan = plan_rollout(config, spec, spec.frames_per_block * _video_frames_per_latent(pipeline))
+    resolved = resolve(config)
+    spec = resolved.spec
+    plan = plan_rollout(config, spec,
+                        spec.frames_per_block * _video_frames_per_latent(resolved.pipeline))
     out = config.output
     for stream in plan.streams:
         check_output_path(stream.output_path, out.codec, out.crf, out.preset)
-    runner = Runner.from_pipeline(pipeline, config)
+    runner = build_runner(config, resolved)
     try:
         check_capacity(plan, runner.plan.session_capacity)
         report = _new_report(config, plan, runner)
@@ -101,7 +99,7 @@ def _warmup(runner: Any, report: RolloutReport) -> None:
 
 def _run(runner: Any, plan: RolloutPlan, config: RunConfig, report: RolloutReport,
          emit: Callable[[ProgressEvent], None]) -> None:
-    from ardiff.video import VideoWriter
+    from ardiff.video.writer import VideoWriter
 
     writers: dict[int, VideoWriter] = {}
     start = time.perf_counter()
@@ -126,7 +124,7 @@ def _run(runner: Any, plan: RolloutPlan, config: RunConfig, report: RolloutRepor
 
 
 def _open_writer(event: BlockEvent, config: RunConfig):
-    from ardiff.video import VideoWriter
+    from ardiff.video.writer import VideoWriter
 
     out = config.output
     return VideoWriter(event.stream.output_path, out.fps, codec=out.codec, crf=out.crf,
@@ -153,7 +151,7 @@ def _record_failure(report: RolloutReport, exc: BaseException) -> None:
     if not isinstance(exc, Exception):
         raise exc  # SystemExit and friends are not ours to swallow
     report.status = "failed"
-    report.exit_code = exc.exit_code if isinstance(exc, ArdiffError) else 1
+    report.exit_code = exc.exit_code if isinstance(exc, ArdiffError) else EXIT_FAILED
     report.error = str(exc) if isinstance(exc, ArdiffError) else f"{type(exc).__name__}: {exc}"
     report.exception = exc
 

@@ -17,11 +17,11 @@ from typing import Any, Literal
 
 import yaml
 
-from ardiff import schema
+from ardiff.config import schema
+from ardiff.dtypes import DTYPE_BYTES, DTypeName
 from ardiff.errors import ConfigError
 from ardiff.sizes import MemoryBudget
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_CONFIG_NAME = "default.yaml"
 _DEVICE_RE = re.compile(r"^(cpu|auto|cuda(:\d+)?)$")
 
@@ -62,7 +62,7 @@ class RuntimeConfig:
     """Where and how the pipeline runs, and how much memory its KV cache may take."""
 
     device: str = "cpu"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: DTypeName = "float32"
     memory_budget: MemoryBudget = MemoryBudget(fraction=0.8)
     max_sessions: int | None = None
     kv: KVConfig = KVConfig()
@@ -137,7 +137,7 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class OutputConfig:
-    """Where the video goes. The extension picks the format (see ardiff.video)."""
+    """Where the video goes. The extension picks the format (see ardiff.video.writer)."""
 
     path: str = "ardiff_out.mp4"  # several prompts: {index} in the name, or -<index> is added
     fps: float = 16.0

@@ -1,4 +1,4 @@
-"""Per-format frame encoders behind `ardiff.video.VideoWriter`, and the table of formats.
+"""Per-format frame encoders behind `ardiff.video.writer.VideoWriter`, and the table of formats.
 
 An encoder writes one file (or one PNG folder) frame by frame, holding at most
 one block of frames: nothing grows with the length of the video.

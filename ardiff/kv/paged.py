@@ -16,7 +16,7 @@ import torch
 from ardiff.errors import KVStateError
 from ardiff.kv import attention
 from ardiff.kv.address import TokenAddress
-from ardiff.kv.base import CacheStats, KVCacheBase
+from ardiff.kv.backend import CacheStats, KVCacheBase
 from ardiff.kv.plan import KVPlan
 from ardiff.kv.pool import PagePool
 from ardiff.kv.storage import PagedStorage
@@ -135,14 +135,3 @@ class PagedBlock:
         self._done = True
         self.cache.free_pages(page_ids + self.register_pages)
 
-
-def create_cache(plan: KVPlan, backend: str = "paged", device: str | torch.device = "cpu",
-                 poison: bool = False) -> KVCacheBase:
-    """The cache for `runtime.kv.backend`: `paged` (the runtime) or `dense` (the reference)."""
-    if backend == "paged":
-        return PagedKVCache(plan, device, poison)
-    if backend == "dense":
-        from ardiff.kv.dense import DenseKVCache
-
-        return DenseKVCache(plan, device)
-    raise KVStateError(f"runtime.kv.backend: {backend!r} is not a backend; use paged or dense")

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ardiff import encoders
+from ardiff.video import encoders
 from ardiff.errors import ConfigError, EncoderError, OutputPathError
 
 SUPPORTED_EXTENSIONS = tuple(kind for kind in encoders.FORMAT_CODECS if kind != encoders.DIRECTORY)

@@ -1,0 +1,161 @@
+"""The one build path every command uses: config -> pipeline + effective spec -> plan -> cache -> runner.
+
+    resolved = resolve(config)            build the pipeline (cheap, no weights), validate its
+                                          spec, apply the runtime overrides
+    report = inspect_spec(config)         the first half only: resolve, then a dry-run plan
+    runner = build_runner(config)         resolve, load(device, dtype), measure free memory,
+                                          plan, allocate: in that order (DESIGN §2, §4)
+
+`inspect-spec` never calls `load` and allocates nothing; `rollout`, `warmup`
+and `bench` build their runners here, so the effective spec and the plan are
+computed once, one way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ardiff.config.run import RunConfig
+from ardiff.contract.spec import (ARDiffusionKVCacheSpec, apply_overrides,
+                                  history_frames_per_branch, spec_to_dict)
+from ardiff.engine.device import free_memory_bytes, resolve_device
+from ardiff.engine.loader import build_pipeline, get_spec
+from ardiff.errors import ArdiffError, CapacityError, ConfigError, PipelineError
+from ardiff.kv.plan import KVPlan, make_plan
+from ardiff.sizes import format_bytes
+
+
+@dataclass(frozen=True)
+class ResolvedPipeline:
+    """A built (not loaded) pipeline with its declared and effective specs."""
+
+    config: RunConfig
+    pipeline: Any
+    declared: ARDiffusionKVCacheSpec
+    spec: ARDiffusionKVCacheSpec  # runtime overrides applied
+
+    def plan(self, free_bytes: int, stores_registers: bool = True) -> KVPlan:
+        """The plan for the effective spec under the config's budget, given the free memory."""
+        runtime = self.config.runtime
+        return make_plan(self.spec, runtime.dtype, runtime.dtype_bytes,
+                         runtime.memory_budget.resolve(free_bytes),
+                         page_tokens=runtime.kv.page_tokens, max_sessions=runtime.max_sessions,
+                         stores_registers=stores_registers)
+
+
+def resolve(config: RunConfig, pipeline: Any | None = None) -> ResolvedPipeline:
+    """Build the config's pipeline (or take `pipeline`), validate its spec, apply overrides."""
+    if pipeline is None:
+        pipeline = build_pipeline(config.pipeline, config.base_dir)
+    declared = get_spec(pipeline)
+    kv = config.runtime.kv
+    spec = apply_overrides(declared, window_frames=kv.window_frames, sink_frames=kv.sink_frames)
+    return ResolvedPipeline(config, pipeline, declared, spec)
+
+
+# -- the first half: what `inspect-spec` reports ----------------------------------------------
+
+@dataclass(frozen=True)
+class SpecReport:
+    """The declared spec, the effective one (overrides applied) and its plan."""
+
+    declared: ARDiffusionKVCacheSpec
+    plan: KVPlan
+
+    @property
+    def effective(self) -> ARDiffusionKVCacheSpec:
+        return self.plan.spec
+
+    @property
+    def visible_frames_per_block(self) -> int:
+        """Frames a block attends to once the window is full (sink + past + itself)."""
+        return history_frames_per_branch(self.effective) + self.effective.frames_per_block
+
+    def to_dict(self) -> dict[str, Any]:
+        eff = self.effective
+        return {
+            "spec": spec_to_dict(self.declared),
+            "effective": {
+                "window_frames": eff.window_frames,
+                "sink_frames": eff.sink_frames,
+                "page_tokens": self.plan.page_tokens,
+                "pages_per_frame": self.plan.pages_per_frame,
+                "dtype": self.plan.dtype,
+            },
+            "memory": self.plan.to_dict(),
+        }
+
+
+def inspect_spec(config: RunConfig) -> SpecReport:
+    """Build the pipeline (no `load`), validate its spec and plan it; allocate nothing."""
+    resolved = resolve(config)
+    return SpecReport(resolved.declared, resolved.plan(_free_bytes_for_dry_run(config)))
+
+
+def _free_bytes_for_dry_run(config: RunConfig) -> int:
+    budget = config.runtime.memory_budget
+    if budget.num_bytes is not None:
+        return budget.num_bytes  # not used: a byte budget needs no measurement
+    device = config.runtime.device
+    if device != "cpu":
+        try:
+            device = resolve_device(device)
+        except ConfigError as exc:
+            raise ConfigError(f"runtime.memory_budget: {budget} needs the device's free memory, "
+                              f"but {exc}; or give bytes for a dry run, e.g. --budget 80GiB") from exc
+    return free_memory_bytes(device)
+
+
+# -- the second half: load, measure, plan, allocate -------------------------------------------
+
+def build_runner(config: RunConfig, resolved: ResolvedPipeline | None = None,
+                 load_weights: bool = True, backend: str | None = None):
+    """A ready `Runner` for the config: load the pipeline, then plan and allocate its cache.
+
+    `resolved` reuses a pipeline already built by `resolve`; `load_weights=False`
+    skips the `load` hook (for a pipeline another runner loaded); `backend`
+    overrides `runtime.kv.backend` (bench runs both)."""
+    from ardiff.engine.runner import Runner  # torch is imported only when a runner is built
+
+    resolved = resolved or resolve(config)
+    device = resolve_device(config.runtime.device)
+    if load_weights:
+        _load(resolved.pipeline, device, config.runtime.dtype)
+    kv = config.runtime.kv
+    backend = backend or kv.backend
+    plan = resolved.plan(free_memory_bytes(device), stores_registers=backend == "paged")
+    return Runner(resolved.pipeline, _allocate(plan, backend, device, kv.poison), device)
+
+
+def _load(pipeline: Any, device: str, dtype: str) -> None:
+    from ardiff.dtypes import torch_dtype
+
+    load = getattr(pipeline, "load", None)
+    if not callable(load):
+        return
+    try:
+        load(device, torch_dtype(dtype))
+    except ArdiffError:
+        raise
+    except Exception as exc:
+        raise PipelineError(f"pipeline: load({device!r}, {dtype}) raised "
+                            f"{type(exc).__name__}: {exc}") from exc
+
+
+def _allocate(plan: KVPlan, backend: str, device: str, poison: bool):
+    """The cache; a budget the device cannot actually provide is a capacity error (exit 3)."""
+    import torch
+
+    from ardiff.kv.backend import create_cache
+
+    try:
+        return create_cache(plan, backend, device, poison)
+    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
+        if isinstance(exc, RuntimeError) and "alloc" not in str(exc).lower():
+            raise
+        raise CapacityError(
+            f"runtime.memory_budget: allocating the KV cache ({format_bytes(plan.total_bytes)} "
+            f"for {plan.session_capacity} session(s)) on {device} failed "
+            f"({type(exc).__name__}); lower runtime.memory_budget or runtime.max_sessions "
+            f"to what the device really has") from exc
