@@ -115,10 +115,11 @@ def test_reset_releases_before_the_forward_and_restarts_at_frame_0():
     assert (counts["reset"], counts["resident"]) == (1, 1)
 
 
-def test_reset_of_a_new_session_just_starts_it():
+def test_reset_of_a_new_session_runs_the_reset_hook_then_starts_it():
     runner = make_runner()
     output = runner.execute(ardiff.RolloutRequest("new", reset=True)).output
     assert frame_ids(output) == [0, 1] and runner.stats().sessions["reset"] == 0
+    assert runner.pipeline.hook_calls == [("reset", "new"), ("generate", "new")]
 
 
 @pytest.mark.parametrize("backend", ["paged", "dense"])

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
@@ -71,6 +72,9 @@ class _ProbeBase:
         self.device, self.dtype = torch.device("cpu"), torch.float32
         self.load_calls: list[tuple[str, torch.dtype]] = []
         self.hook_calls: list[tuple[str, str]] = []   # ("reset" | "close" | "generate", session)
+        self.bind_events: list[tuple[str, str]] = []  # ("enter" | "exit", session)
+        self.bind_fault: str | None = None            # "enter" | "exit": the bind raises there
+        self.last_bound_state = None
         self.blocks: list[BlockRecord] = []
         self.model_state: dict[str, SessionModelState] = {}
 
@@ -86,9 +90,20 @@ class _ProbeBase:
         self.hook_calls.append(("reset", session_id))
         self.model_state.pop(session_id, None)
 
-    def bind_ar_diffusion_state(self, session_id: str, state) -> contextlib.AbstractContextManager[None]:
-        """The state reaches generate_block as its argument: nothing to bind."""
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def bind_ar_diffusion_state(self, session_id: str, state) -> Iterator[None]:
+        """Records ("enter" | "exit", session) in `bind_events`, keeps the state it was last
+        bound to in `last_bound_state`, and raises on enter or exit when `bind_fault` says so."""
+        self.bind_events.append(("enter", session_id))
+        self.last_bound_state = state
+        if self.bind_fault == "enter":
+            raise RuntimeError("injected bind fault on enter")
+        try:
+            yield
+        finally:
+            self.bind_events.append(("exit", session_id))
+        if self.bind_fault == "exit":
+            raise RuntimeError("injected bind fault on exit")
 
     def close_ar_diffusion_session(self, session_id: str) -> None:
         self.hook_calls.append(("close", session_id))
