@@ -1,17 +1,15 @@
-"""Shared fixtures. tests/fixtures goes on sys.path so `spec_pipelines:Name` entries import."""
+"""Shared fixtures. Test helpers live in tests/support/, which pytest puts on the import path
+(`pythonpath` in pyproject.toml), so `spec_pipelines:Name` entries import."""
 
 from __future__ import annotations
 
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
-FIXTURES_DIR = Path(__file__).parent / "fixtures"
-PIPELINES_FILE = FIXTURES_DIR / "spec_pipelines.py"
-sys.path.insert(0, str(FIXTURES_DIR))
+PIPELINES_FILE = Path(__file__).parent / "support" / "spec_pipelines.py"
 
 
 @pytest.fixture

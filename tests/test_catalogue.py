@@ -2,7 +2,7 @@
 
 Each case runs `ardiff rollout run.yaml ARGS` (or `inspect-spec` / `warmup`) in a folder
 holding only its inputs: run.yaml (a tiny working config unless the case changes it),
-the test pipelines (tests/pipelines/fault_pipelines.py, tests/fixtures/spec_pipelines.py,
+the test pipelines (tests/support/fault_pipelines.py, tests/support/spec_pipelines.py,
 copied beside it so entries and messages read like a user's) and the case's own files.
 Every case must
 
@@ -14,7 +14,7 @@ Every case must
 The table "Errors and exit codes" in README.md is these cases with their real messages
 (the folder's path cut off): `test_the_readme_table_is_the_catalogue` prints the table to
 paste when they differ. The cases themselves are the table in
-tests/pipelines/catalogue_cases.py. Every case runs once in-process (Typer's runner, the
+tests/support/catalogue_cases.py. Every case runs once in-process (Typer's runner, the
 `outcomes` fixture); the SUBPROCESS ones also through the installed command.
 """
 
@@ -39,8 +39,8 @@ from ardiff_cli.main import app
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
-INPUT_FILES = (REPO / "tests" / "pipelines" / "fault_pipelines.py",
-               REPO / "tests" / "fixtures" / "spec_pipelines.py")
+INPUT_FILES = (REPO / "tests" / "support" / "fault_pipelines.py",
+               REPO / "tests" / "support" / "spec_pipelines.py")
 ARDIFF = shutil.which("ardiff", path=str(Path(sys.executable).parent)) or shutil.which("ardiff")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200", "NO_COLOR": "1"}
 ENV.pop("FORCE_COLOR", None)
@@ -48,8 +48,7 @@ ENV.pop("FORCE_COLOR", None)
 TABLE_HEADER = "| bad input | exit | message |"
 TABLE_RULE = "|---|---|---|"
 
-sys.path.insert(0, str(REPO / "tests" / "pipelines"))
-from catalogue_cases import BASE, CASES, NO_CUDA, READ_ONLY, Case  # noqa: E402
+from catalogue_cases import BASE, CASES, NO_CUDA, READ_ONLY, Case
 
 SUBPROCESS = [case for case in CASES if case.subprocess]
 

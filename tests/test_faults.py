@@ -2,7 +2,7 @@
 what happened, the KV pool is whole again, and every finished frame is in a playable file.
 
 Each fault runs `ardiff rollout run.yaml --json stats.json` in-process (Typer's runner)
-on tests/pipelines/fault_pipelines.py:FaultPipeline, which makes 6 blocks of 2 frames
+on tests/support/fault_pipelines.py:FaultPipeline, which makes 6 blocks of 2 frames
 (frame f filled with the value f) and breaks as told. The video is FFV1 in .mkv
 (lossless, read back with PyAV), so the test knows exactly which frames it holds; the
 disk-full case writes H.264 .mp4, the format most runs use. The disk filling up is
@@ -21,7 +21,6 @@ import json
 import os
 import random
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,10 +37,9 @@ from ardiff_cli.main import app
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
-FAULT_PIPELINES = REPO / "tests" / "pipelines" / "fault_pipelines.py"
-sys.path.insert(0, str(FAULT_PIPELINES.parent))
+FAULT_PIPELINES = REPO / "tests" / "support" / "fault_pipelines.py"
 
-from fault_pipelines import FRAMES_PER_BLOCK, STAGES, paint  # noqa: E402
+from fault_pipelines import FRAMES_PER_BLOCK, STAGES, paint
 
 FRAMES = 12                      # 6 blocks of 2
 BLOCKS = FRAMES // FRAMES_PER_BLOCK

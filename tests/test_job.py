@@ -5,7 +5,7 @@ under pytest's default import mode, as tests/ has no __init__.py files.)
 
 Plans are pure: streams, outputs, switch blocks, actions, position and capacity
 checks. Rollouts run small real pipelines through the Runner: the recording
-pipeline (tests/pipelines/rollout_pipelines.py) logs the requests it gets and
+pipeline (tests/support/rollout_pipelines.py) logs the requests it gets and
 paints frame f grey 20 * f; the probe pipelines (probe_pipeline.py) fail on purpose.
 Both make blocks of 2 frames.
 """
@@ -13,7 +13,6 @@ Both make blocks of 2 frames.
 from __future__ import annotations
 
 import errno
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -30,10 +29,9 @@ from ardiff.engine.build import build_runner
 from ardiff.engine.runner import Runner
 from ardiff.rollout.report import STATS_SCHEMA
 
-PIPELINES_DIR = Path(__file__).parent / "pipelines"
-sys.path.insert(0, str(PIPELINES_DIR))
+PIPELINES_DIR = Path(__file__).parent / "support"
 
-import rollout_pipelines as recording  # noqa: E402
+import rollout_pipelines as recording
 
 PROBE_FILE = PIPELINES_DIR / "probe_pipeline.py"
 FRAMES_PER_BLOCK = 2

@@ -1,6 +1,6 @@
 """The runner (DESIGN §5): sessions, LRU eviction, the one release path, warmup, output checks.
 
-The pipelines are small but real (tests/pipelines/probe_pipeline.py): every
+The pipelines are small but real (tests/support/probe_pipeline.py): every
 block runs probes and a commit through the KV state API and checks that the
 attention it gets back is the mean of exactly the frames it should see, so a
 page handed back too early, too late or to the wrong session shows. The paged
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,11 +22,10 @@ from ardiff.engine.build import build_runner
 from ardiff.kv.state import open_state
 from ardiff.engine.runner import WARMUP_SESSION_ID, Runner
 
-PIPELINES_FILE = Path(__file__).parent / "pipelines" / "probe_pipeline.py"
-sys.path.insert(0, str(PIPELINES_FILE.parent))
+PIPELINES_FILE = Path(__file__).parent / "support" / "probe_pipeline.py"
 
-import probe_pipeline as probe  # noqa: E402
-from runner_support import (HISTORY_PAGES, frame_ids, make_runner, pages_in_use,  # noqa: E402
+import probe_pipeline as probe
+from runner_support import (HISTORY_PAGES, frame_ids, make_runner, pages_in_use,
                             probe_config, run)
 
 

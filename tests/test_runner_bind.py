@@ -5,7 +5,6 @@ that never evicts, and the reset hook on every reset."""
 from __future__ import annotations
 
 import contextlib
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,10 +12,9 @@ import pytest
 import ardiff
 from ardiff.engine.runner import WARMUP_SESSION_ID
 
-sys.path.insert(0, str(Path(__file__).parent / "pipelines"))
 
-import probe_pipeline as probe  # noqa: E402
-from runner_support import HISTORY_PAGES, frame_ids, make_runner, pages_in_use, run  # noqa: E402
+import probe_pipeline as probe
+from runner_support import HISTORY_PAGES, frame_ids, make_runner, pages_in_use, run
 
 
 def pairs(session_id: str, n: int) -> list[tuple[str, str]]:

@@ -1,11 +1,10 @@
 """The runner's warmup (DESIGN §5) and Runner.from_config: load before measuring and planning.
 
-Same probe pipelines as tests/test_runner.py (tests/pipelines/probe_pipeline.py).
+Same probe pipelines as tests/test_runner.py (tests/support/probe_pipeline.py).
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,10 +16,9 @@ from ardiff.config.run import load_config
 from ardiff.engine.build import build_runner
 from ardiff.engine.runner import WARMUP_SESSION_ID, Runner
 
-sys.path.insert(0, str(Path(__file__).parent / "pipelines"))
 
-import probe_pipeline as probe  # noqa: E402
-from runner_support import (HISTORY_PAGES, frame_ids, make_runner, pages_in_use,  # noqa: E402
+import probe_pipeline as probe
+from runner_support import (HISTORY_PAGES, frame_ids, make_runner, pages_in_use,
                             probe_config, run)
 
 

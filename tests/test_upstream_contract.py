@@ -1,5 +1,5 @@
 """A pipeline written only from the upstream contract runs through inspect-spec, warmup and
-rollout unchanged (tests/fixtures/upstream_pipeline.py)."""
+rollout unchanged (tests/support/upstream_pipeline.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from ardiff_cli.main import app
 
-PIPELINE = Path(__file__).parent / "fixtures" / "upstream_pipeline.py"
+PIPELINE = Path(__file__).parent / "support" / "upstream_pipeline.py"
 
 
 def config(tmp_path: Path) -> Path:

@@ -1,8 +1,8 @@
 """`ardiff rollout`, end to end: the installed command in a subprocess, run from tmp_path,
 its video opened with PyAV / Pillow / numpy, its `--json` checked against STATS_SCHEMA.
 
-The test pipelines log what they were asked for (tests/pipelines/rollout_pipelines.py)
-or fail on purpose (tests/pipelines/probe_pipeline.py); both make blocks of 2 frames.
+The test pipelines log what they were asked for (tests/support/rollout_pipelines.py)
+or fail on purpose (tests/support/probe_pipeline.py); both make blocks of 2 frames.
 Rollouts are a few blocks long: every run costs mostly the import of torch, so the
 refusals that stop before any compute run in-process through Typer's runner (one of
 them also through the installed command).
@@ -38,8 +38,8 @@ from ardiff_cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS_DIR = REPO / "tests"
-ROLLOUT_PIPELINES = TESTS_DIR / "pipelines" / "rollout_pipelines.py"
-PROBE_PIPELINES = TESTS_DIR / "pipelines" / "probe_pipeline.py"
+ROLLOUT_PIPELINES = TESTS_DIR / "support" / "rollout_pipelines.py"
+PROBE_PIPELINES = TESTS_DIR / "support" / "probe_pipeline.py"
 TINY_DIT_CONFIG = REPO / "configs" / "tiny-dit.yaml"
 BIN_DIR = Path(sys.executable).parent
 ARDIFF = shutil.which("ardiff", path=str(BIN_DIR)) or shutil.which("ardiff")

@@ -15,7 +15,7 @@ from ardiff.engine.runner import Runner, WarmupReport
 from ardiff_cli.main import app
 
 TESTS_DIR = Path(__file__).parents[1]
-PIPELINES_FILE = TESTS_DIR / "pipelines" / "probe_pipeline.py"
+PIPELINES_FILE = TESTS_DIR / "support" / "probe_pipeline.py"
 TINY_DIT_CONFIG = TESTS_DIR.parent / "configs" / "tiny-dit.yaml"
 PROBE_PAGES_PER_SESSION = 3  # sink 1 + (window 4 - block 2) frames, one page each
 PROBE_INFLIGHT_PAGES = 2     # one block of 2 frames
