@@ -1,4 +1,4 @@
-"""The trained bouncing-balls world model (ardiff/pipelines/bouncing.py) with its shipped weights.
+"""The trained bouncing-balls world model (ardiff/pipelines/bouncing/) with its shipped weights.
 
 Rollouts go through the real runtime (Runner over the paged cache, NaN-poisoned) and are
 compared with the simulator that made the training data: a few held-out worlds, a few
@@ -20,13 +20,14 @@ from ardiff.rollout.job import run_rollout
 from ardiff.kv.backend import create_cache
 from ardiff.kv.plan import make_plan
 from ardiff.engine.loader import get_spec
-from ardiff.pipelines import bouncing_sim as sim
-from ardiff.pipelines.bouncing import BouncingConfig, BouncingWorld, load_weights
+from ardiff.pipelines.bouncing import BouncingWorld, locator, sim
+from ardiff.pipelines.bouncing.checkpoint import load_weights
+from ardiff.pipelines.bouncing.config import BouncingConfig
 from ardiff.kv.state import open_state
 from ardiff.engine.runner import Runner
 
 REPO = Path(__file__).resolve().parents[1]
-BALLS_CONFIG = REPO / "configs" / "balls.yaml"
+DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 HELD_OUT_SEEDS = range(900_000, 900_006)   # worlds never drawn in training
 CONTEXT = BouncingConfig().context_frames
 UPSCALE = BouncingConfig().upscale
@@ -73,6 +74,14 @@ def test_shipped_weights_load_without_download(pipeline):
     assert all(torch.isfinite(p).all() for p in pipeline.model.parameters())
     spec = pipeline.ar_diffusion_kv_cache_spec()
     assert (spec.tokens_per_frame, spec.frames_per_block, spec.window_frames) == (16, 1, 5)
+
+
+def test_warmup_starts_with_the_context_then_fills_the_window_and_evicts():
+    pipe = BouncingWorld(window_frames=6, sink_frames=1, context_frames=3)
+    requests = pipe.ar_diffusion_warmup_requests("warm")
+    assert len(requests) == 3 + (1 + 6) + 1
+    assert all(r.session_id == "warm" for r in requests) and requests[0].reset
+    assert {r.actions[0] for r in requests} == set(sim.ACTIONS)
 
 
 def test_spec_follows_the_config_and_architecture_must_match_the_weights():
@@ -167,18 +176,17 @@ def test_sprite_moves_in_the_commanded_direction(pipeline, action):
     actions = ["none"] * CONTEXT + [action] * steps
     assert sprite_clear_of_balls(seed, actions)
     video = roll(make_runner(pipeline), seed, actions)
-    white = np.ones((1, 1, 3), dtype=np.float32)
-    centres = sim.locate(video[None], white).centre[0, :, 0]          # [F, 2] (x, y)
+    centres = locator.locate_sprite(video[None]).centre[0, :, 0]      # [F, 2] (x, y)
     moved = centres[-1] - centres[CONTEXT - 1]
     expected = sim.ACTION_MOVES[sim.ACTIONS.index(action)] * sim.SPRITE_STEP * steps
     assert np.abs(moved - expected).max() <= 3, (action, moved, expected)
 
 
-def test_balls_config_rolls_out_end_to_end(tmp_path):
-    """configs/balls.yaml as `ardiff rollout` runs it: simulator start frames moved by the
+def test_default_config_rolls_out_end_to_end(tmp_path):
+    """configs/default.yaml as `ardiff rollout` runs it: simulator start frames moved by the
     scripted actions, then generated frames, 256x256, in the file."""
-    out = tmp_path / "balls.npy"
-    config = load_config(BALLS_CONFIG, [f"output.path={out}", "rollout.frames=8"])
+    out = tmp_path / "default.npy"
+    config = load_config(DEFAULT_CONFIG, [f"output.path={out}", "rollout.frames=8"])
     assert run_rollout(config).status == "ok"
     video = np.load(out)
     assert video.shape == (8, 32 * UPSCALE, 32 * UPSCALE, 3)

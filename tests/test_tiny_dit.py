@@ -13,6 +13,7 @@ from ardiff.kv.backend import create_cache
 from ardiff.kv.plan import make_plan
 from ardiff.pipelines.decoder import LatentDecoder
 from ardiff.pipelines.tiny_dit import TinyCausalDiT
+from ardiff.sizes import ceil_div
 from ardiff.engine.loader import build_pipeline, get_spec
 from ardiff.engine.build import build_runner
 from ardiff.engine.runner import Runner
@@ -129,7 +130,7 @@ def tiny_dit_rollout(backend: str, sink_frames: int, cfg: bool, num_blocks: int,
 @pytest.mark.parametrize("sink_frames", [0, 2])
 def test_tiny_dit_paged_and_dense_give_the_same_frames(sink_frames, cfg):
     spec = get_spec(build_pipeline(load_config(TINY_DIT_CONFIG).pipeline, TINY_DIT_CONFIG.parent))
-    num_blocks = -(-3 * spec.window_frames // spec.frames_per_block) + 1
+    num_blocks = ceil_div(3 * spec.window_frames, spec.frames_per_block) + 1
 
     paged, paged_latents, runner = tiny_dit_rollout("paged", sink_frames, cfg, num_blocks)
     dense, dense_latents, _ = tiny_dit_rollout("dense", sink_frames, cfg, num_blocks)

@@ -13,9 +13,11 @@ quickly before timing); by default every token of the block queries.
 from __future__ import annotations
 
 import contextlib
+
 import torch
 
 import ardiff
+from ardiff.pipelines.sampling import block_generator
 
 IMAGE_SIDE = 8  # pixels per side of the per-frame summary image
 
@@ -52,6 +54,8 @@ class SyntheticAttention:
         pass
 
     def ar_diffusion_warmup_requests(self, session_id: str) -> list[ardiff.RolloutRequest]:
+        """One block with one query token: this pipeline has no model to warm, and `bench`
+        fills the window itself before it times anything."""
         return [ardiff.RolloutRequest(session_id, block_index=0, extra={"q_tokens": 1})]
 
     @torch.inference_mode()
@@ -60,7 +64,7 @@ class SyntheticAttention:
         tokens = s.frames_per_block * s.tokens_per_frame
         q_tokens = int(request.extra.get("q_tokens", tokens))
         start = state.num_committed_frames("main")
-        generator = torch.Generator().manual_seed(request.seed * 1_000_003 + start)
+        generator = block_generator(request.seed, start)
         draw = lambda n: torch.randn(n, s.num_kv_heads, s.head_size,  # noqa: E731
                                      generator=generator).to(self.device, self.dtype)
         q, k, v = draw(q_tokens), draw(tokens), draw(tokens)

@@ -23,11 +23,14 @@ import torch
 from torch import nn
 
 import ardiff
+from ardiff.kv.attention import attend
 from ardiff.pipelines.decoder import LatentDecoder
-from ardiff.pipelines.layers import DiTBlock, Rotary, timestep_embedding
+from ardiff.pipelines.nn import AdaLN, Patches, Rope, RotaryEmbedding, TimestepEmbedding, rotate
+from ardiff.pipelines.sampling import block_noise, sample, warmup_blocks
 from ardiff.pipelines.text import TextEncoder
 
 TEXT_CACHE = "text"
+WARMUP_GUIDANCE = 3.0  # any scale > 1: warmup runs both CFG branches when they are declared
 
 
 @dataclass(frozen=True)
@@ -80,12 +83,55 @@ class TinyDiTConfig:
         return self.grid * self.grid
 
     @property
-    def patch_dim(self) -> int:
-        return self.latent_channels * self.patch_size * self.patch_size
+    def patches(self) -> Patches:
+        return Patches(self.latent_channels, self.patch_size, self.grid)
 
     @property
     def branch_names(self) -> tuple[str, ...]:
         return ("positive", "negative") if self.cfg else ("main",)
+
+
+class DiTBlock(nn.Module):
+    """adaLN-modulated self-attention (through the KV state), cross-attention and MLP.
+
+    Parameters are created in a fixed order: a seeded random model is the same model.
+    """
+
+    def __init__(self, dim: int, num_heads: int, num_kv_heads: int, mlp_ratio: int) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.head_size = dim // num_heads
+        kv_dim = num_kv_heads * self.head_size
+        self.modulation = AdaLN(dim, num_sets=2)   # attention, MLP
+        self.norm1 = nn.LayerNorm(dim, elementwise_affine=False)
+        self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, kv_dim), nn.Linear(dim, kv_dim)
+        self.out = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.cross_q, self.cross_out = nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.cross_k, self.cross_v = nn.Linear(dim, kv_dim), nn.Linear(dim, kv_dim)
+        self.norm3 = nn.LayerNorm(dim, elementwise_affine=False)
+        self.mlp = nn.Sequential(nn.Linear(dim, mlp_ratio * dim), nn.GELU(approximate="tanh"),
+                                 nn.Linear(mlp_ratio * dim, dim))
+
+    def heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        return x.unflatten(-1, (n, self.head_size))  # [tokens, n, head_size]
+
+    def cross_kv(self, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention K/V of the text tokens: [text_tokens, kv_heads, head_size] each."""
+        return (self.heads(self.cross_k(text), self.num_kv_heads),
+                self.heads(self.cross_v(text), self.num_kv_heads))
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor, rope: Rope, blk,
+                layer: int, cross: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        attn, mlp = self.modulation(cond)
+        h = attn.modulate(self.norm1(x))
+        q = rotate(self.heads(self.q(h), self.num_heads), rope)
+        k = rotate(self.heads(self.k(h), self.num_kv_heads), rope)
+        v = self.heads(self.v(h), self.num_kv_heads)
+        x = x + attn.gate * self.out(blk.attend(layer, q, k, v).flatten(-2))
+        q = self.heads(self.cross_q(self.norm2(x)), self.num_heads)
+        x = x + self.cross_out(attend(q, *cross).flatten(-2))
+        return x + mlp.gate * self.mlp(mlp.modulate(self.norm3(x)))
 
 
 class TinyDiT(nn.Module):
@@ -94,27 +140,16 @@ class TinyDiT(nn.Module):
     def __init__(self, c: TinyDiTConfig) -> None:
         super().__init__()
         self.c = c
-        self.patch_in = nn.Linear(c.patch_dim, c.dim)
-        self.time = nn.Sequential(nn.Linear(c.dim, c.dim), nn.SiLU(), nn.Linear(c.dim, c.dim))
+        self.patches = c.patches
+        self.patch_in = nn.Linear(self.patches.patch_dim, c.dim)
+        self.time = TimestepEmbedding(c.dim)
         self.blocks = nn.ModuleList(DiTBlock(c.dim, c.num_heads, c.num_kv_heads, c.mlp_ratio)
                                     for _ in range(c.num_layers))
-        self.final_modulation = nn.Linear(c.dim, 2 * c.dim)
+        self.final_modulation = AdaLN(c.dim, num_sets=1, gated=False)
         self.final_norm = nn.LayerNorm(c.dim, elementwise_affine=False)
-        self.patch_out = nn.Linear(c.dim, c.patch_dim)
+        self.patch_out = nn.Linear(c.dim, self.patches.patch_dim)
         self.text = TextEncoder(c.dim, c.text_tokens)
-        self.rotary = Rotary(c.head_size, c.grid)
-
-    def patchify(self, x: torch.Tensor) -> torch.Tensor:
-        """[F, C, h, w] -> [F * grid^2, C * p * p], frame by frame, row-major."""
-        p = self.c.patch_size
-        f, ch, g = x.shape[0], x.shape[1], self.c.grid
-        x = x.reshape(f, ch, g, p, g, p).permute(0, 2, 4, 1, 3, 5)
-        return x.reshape(f * g * g, ch * p * p)
-
-    def unpatchify(self, tokens: torch.Tensor, num_frames: int) -> torch.Tensor:
-        p, g, ch = self.c.patch_size, self.c.grid, self.c.latent_channels
-        x = tokens.reshape(num_frames, g, g, ch, p, p).permute(0, 3, 1, 4, 2, 5)
-        return x.reshape(num_frames, ch, g * p, g * p)
+        self.rotary = RotaryEmbedding(c.head_size, c.grid)
 
     def text_kv(self, prompt: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
         text = self.text(prompt)
@@ -124,15 +159,14 @@ class TinyDiT(nn.Module):
                 cross: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Predicted clean latents for noisy latents x [F, C, h, w] at noise level t."""
         num_frames = x.shape[0]
-        angles = self.rotary.angles(blk.start_frame, num_frames, x.device)
-        t_vec = torch.full((1,), t, device=x.device)
-        cond = self.time(timestep_embedding(t_vec, self.c.dim).to(x.dtype))  # [1, dim]
-        h = self.patch_in(self.patchify(x))
+        rope = self.rotary.rope(blk.start_frame, num_frames, x.device)
+        cond = self.time(torch.full((1,), t, device=x.device))  # [1, dim]
+        h = self.patch_in(self.patches.patchify(x).flatten(0, 1))  # [F * grid^2, dim]
         for layer, block in enumerate(self.blocks):
-            h = block(h, cond, angles, blk, layer, cross[layer])
-        shift, scale = self.final_modulation(cond).chunk(2, dim=-1)
-        out = self.patch_out(self.final_norm(h) * (1 + scale) + shift)
-        return self.unpatchify(out, num_frames)
+            h = block(h, cond, rope, blk, layer, cross[layer])
+        (final,) = self.final_modulation(cond)
+        out = self.patch_out(final.modulate(self.final_norm(h)))
+        return self.patches.unpatchify(out.unflatten(0, (num_frames, -1)))
 
 
 class TinyCausalDiT:
@@ -184,9 +218,8 @@ class TinyCausalDiT:
 
     def ar_diffusion_warmup_requests(self, session_id: str) -> list[ardiff.RolloutRequest]:
         """Enough blocks to fill the window and evict once, with and without guidance."""
-        c = self.config
-        blocks = -(-(c.sink_frames + c.window_frames) // c.frames_per_block) + 1
-        guidance = 3.0 if c.cfg else 1.0
+        blocks = warmup_blocks(self.ar_diffusion_kv_cache_spec())
+        guidance = WARMUP_GUIDANCE if self.config.cfg else 1.0
         return [ardiff.RolloutRequest(session_id, block_index=i, prompt="warmup", seed=0,
                                       guidance_scale=guidance, reset=i == 0)
                 for i in range(blocks)]
@@ -197,14 +230,12 @@ class TinyCausalDiT:
             self.load("cpu", torch.float32)
         branches = self._branches(request)
         cross = {b: self._text_kv(state, request, b) for b in branches}
-        main = branches[0]
-        start = state.num_committed_frames(main)
-        x = self._noise(request.seed, start)
-        steps = request.num_steps or self.config.num_steps
-        levels = torch.linspace(1.0, 0.0, steps + 1).tolist()
-        for t, t_next in zip(levels[:-1], levels[1:]):
-            clean = self._predict_clean(state, branches, cross, x, t, request)
-            x = clean + t_next * (x - clean) / t  # x_t = (1 - t) clean + t noise
+        c = self.config
+        shape = (c.frames_per_block, c.latent_channels, c.latent_size, c.latent_size)
+        noise = block_noise(shape, request.seed, state.num_committed_frames(branches[0]),
+                            self.device, self.dtype)
+        x = sample(noise, lambda x, t: self._predict_clean(state, branches, cross, x, t, request),
+                   request.num_steps or c.num_steps)
         for branch in branches:  # commit: the clean block's K/V become history
             with state.block(branch, commit=True) as blk:
                 self.model(x, 0.0, blk, cross[branch])
@@ -228,12 +259,6 @@ class TinyCausalDiT:
             state.set_cross_kv(branch, TEXT_CACHE, self.model.text_kv(prompt))
             self._prompts[key] = prompt
         return state.cross_kv(branch, TEXT_CACHE)
-
-    def _noise(self, seed: int, start_frame: int) -> torch.Tensor:
-        c = self.config
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + start_frame)
-        shape = (c.frames_per_block, c.latent_channels, c.latent_size, c.latent_size)
-        return torch.randn(shape, generator=generator).to(self.device, self.dtype)
 
     def _predict_clean(self, state, branches, cross, x, t, request) -> torch.Tensor:
         predictions = []

@@ -1,8 +1,8 @@
 """Evaluate the bouncing world model on held-out simulated episodes: the README's numbers.
 
-    python examples/eval_world.py                        # the weights shipped with ardiff
-    python examples/eval_world.py --weights world-ckpt/base.safetensors --json metrics.json
-    python examples/eval_world.py --num-steps 1                          # one denoising step
+    python -m ardiff.pipelines.bouncing.evaluate              # the weights shipped with ardiff
+    python -m ardiff.pipelines.bouncing.evaluate --weights world-ckpt/base.safetensors --json m.json
+    python -m ardiff.pipelines.bouncing.evaluate --num-steps 1          # one denoising step
 
 - next-frame error: mean squared pixel error (pixels in [0, 1]) of the frame the model
   predicts after 9 true frames, from pure noise in one step (t = 1) and with the 4-step
@@ -18,6 +18,7 @@
 The rollouts are what `ardiff rollout` makes: the pipeline run by ardiff's runner over
 the paged KV cache, one session per episode (seed = the world; 4 simulator frames, then
 the 4-step sampler), so the numbers are those of the shipped runtime path.
+A command, not library API: `main` reads argv and prints; `evaluate` returns the numbers.
 """
 
 from __future__ import annotations
@@ -30,26 +31,25 @@ import numpy as np
 import torch
 
 import ardiff
-from ardiff.pipelines import bouncing_sim as sim
-from ardiff.pipelines.bouncing import BouncingConfig, BouncingDiT, load_weights
+from ardiff.pipelines.bouncing import locator, sim
+from ardiff.pipelines.bouncing.checkpoint import load_weights
+from ardiff.pipelines.bouncing.config import BouncingConfig
+from ardiff.pipelines.bouncing.model import (BouncingDiT, model_to_pixels, pixels_to_model,
+                                             sample_next)
 
 EVAL_SEED = 10_007        # held out: training draws its worlds from default_rng(seed) streams
 EPISODES = 64
 FRAMES = 96
 HISTORY = 9               # true frames before the predicted one (next-frame error)
 POSITION_FRAMES = 8       # generated frames scored for position error
-KEPT_AT = (30, 96)        # frame numbers (1-based) whose 5-frame windows score balls kept
+KEPT_AT = (30, 96)        # frame numbers (1-based) whose windows score balls kept
+KEPT_FRAMES = 5           # ... over this many frames ending there
 KEPT_RANGE = (0.5, 1.5)   # area / true area for a ball to count as kept
 KEPT_SPREAD = 1.3         # ... and spread / true spread at most this (one blob, not specks)
-MISSING_PX = 8.0
-
-
-def to_model(frames: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(frames) * 2 - 1
-
-
-def to_pixels(x: torch.Tensor) -> np.ndarray:
-    return ((x.float().clamp(-1, 1) + 1) / 2).numpy()
+MISSING_PX = 8.0          # the position error of an object the locator cannot find
+VISIBLE_AREA = 0.8        # a ball counts for position error when this much of it shows
+ENTRY = "ardiff.pipelines.bouncing:BouncingWorld"
+NOISE_SEED = 1            # the noise of the next-frame clips
 
 
 def episodes(count: int, frames: int, seed: int = EVAL_SEED):
@@ -68,9 +68,8 @@ def runtime_rollouts(weights: str | None, seeds: list[int], actions: np.ndarray,
     """Each episode through ardiff's runner and paged cache -> [B, F, 3, s, s] in [0, 1];
     `overrides` are pipeline args (BouncingConfig fields)."""
     args = {"weights": weights, **overrides}
-    config = ardiff.build_config({"pipeline": {"entry": "ardiff.pipelines.bouncing:BouncingWorld",
-                                               "args": args},
-                           "runtime": {"device": "cpu", "memory_budget": "64MiB"}})
+    config = ardiff.build_config({"pipeline": {"entry": ENTRY, "args": args},
+                                  "runtime": {"device": "cpu", "memory_budget": "64MiB"}})
     runner, upscale = ardiff.build_runner(config), BouncingConfig(**args).upscale
     videos = []
     try:
@@ -86,35 +85,15 @@ def runtime_rollouts(weights: str | None, seeds: list[int], actions: np.ndarray,
 
 
 @torch.inference_mode()
-def sample_next(model: BouncingDiT, history: torch.Tensor, actions: torch.Tensor,
-                start: int, noise: torch.Tensor, num_steps: int) -> torch.Tensor:
-    """The next frame after `history` [B, H, 3, s, s] (frames start..start+H-1) under
-    actions [B, H + 1]: num_steps steps from noise, as the pipeline samples. The history is
-    encoded afresh, so its first frames see less of the past than in a long KV-cache run."""
-    b, h = history.shape[:2]
-    positions = torch.arange(start, start + h + 1)
-    noisy = positions == start + h
-    levels = torch.linspace(1.0, 0.0, num_steps + 1).tolist()
-    x = noise
-    for t, t_next in zip(levels[:-1], levels[1:]):
-        t_slots = torch.zeros(b, h + 1)
-        t_slots[:, -1] = t
-        clean = model.forward_frames(torch.cat([history, x[:, None]], 1), t_slots, actions,
-                                     positions, noisy)[:, -1].clamp(-1, 1)
-        x = clean + t_next * (x - clean) / t
-    return x
-
-
-@torch.inference_mode()
 def next_frame_error(model: BouncingDiT, count: int = 256) -> dict[str, float]:
     """One-step (t = 1) and sampled next-frame MSE after HISTORY true frames (the window
     sees the last 4, whose K/V carry the rest, as in the KV cache), vs copy-last-frame."""
     _, _, actions, frames = episodes(count, HISTORY + 1, EVAL_SEED + 100_000)
-    x, a = to_model(frames), torch.from_numpy(actions)
-    noise = torch.randn(x[:, 0].shape, generator=torch.Generator().manual_seed(1))
+    x, a = pixels_to_model(frames), torch.from_numpy(actions)
+    noise = torch.randn(x[:, 0].shape, generator=torch.Generator().manual_seed(NOISE_SEED))
     target = frames[:, -1]
-    one_step = to_pixels(sample_next(model, x[:, :-1], a, 0, noise, 1))
-    sampled = to_pixels(sample_next(model, x[:, :-1], a, 0, noise, model.c.num_steps))
+    one_step = model_to_pixels(sample_next(model, x[:, :-1], a, 0, noise, 1))
+    sampled = model_to_pixels(sample_next(model, x[:, :-1], a, 0, noise, model.c.num_steps))
     return {"next_frame_mse_t1": float(((one_step - target) ** 2).mean()),
             "next_frame_mse_sampled": float(((sampled - target) ** 2).mean()),
             "copy_last_frame_mse": float(((frames[:, -2] - target) ** 2).mean())}
@@ -124,24 +103,23 @@ def position_errors(generated: np.ndarray, true: np.ndarray, state: sim.SimState
                     frames: slice) -> dict[str, float]:
     """Mean centroid distance (px) of balls and sprite, generated vs simulated, over `frames`."""
     gen, ref = generated[:, frames], true[:, frames]
-    balls_g, balls_t = sim.locate(gen, state.colour), sim.locate(ref, state.colour)
-    full = sim.located_alone(state).area[:, None]                          # [B, 1, balls]
-    visible = state.alive[:, None] & (balls_t.area >= 0.8 * full)          # not occluded
+    balls_g, balls_t = locator.locate(gen, state.colour), locator.locate(ref, state.colour)
+    full = locator.located_alone(state).area[:, None]                      # [B, 1, balls]
+    visible = state.alive[:, None] & (balls_t.area >= VISIBLE_AREA * full)  # not occluded
     ball_dist = np.linalg.norm(balls_g.centre - balls_t.centre, axis=-1)
     ball_dist = np.nan_to_num(ball_dist, nan=MISSING_PX).clip(max=MISSING_PX)
-    white = np.ones((state.batch, 1, 3), dtype=np.float32)
-    sprite_dist = np.linalg.norm(sim.locate(gen, white).centre - sim.locate(ref, white).centre,
-                                 axis=-1)
+    sprite_dist = np.linalg.norm(locator.locate_sprite(gen).centre
+                                 - locator.locate_sprite(ref).centre, axis=-1)
     sprite_dist = np.nan_to_num(sprite_dist, nan=MISSING_PX).clip(max=MISSING_PX)
     return {"ball_position_error_px": float(ball_dist[visible].mean()),
             "sprite_position_error_px": float(sprite_dist.mean())}
 
 
 def balls_kept(video: np.ndarray, state: sim.SimState, frame_number: int) -> float:
-    """Fraction of (ball, frame) pairs over the 5 frames ending at `frame_number` (1-based)
+    """Fraction of (ball, frame) pairs over the KEPT_FRAMES ending at `frame_number` (1-based)
     whose pixels of the ball's colour form one blob of about the ball's size."""
-    found = sim.locate(video[:, frame_number - 5:frame_number], state.colour)
-    alone = sim.located_alone(state)
+    found = locator.locate(video[:, frame_number - KEPT_FRAMES:frame_number], state.colour)
+    alone = locator.located_alone(state)
     area = found.area / np.maximum(alone.area, 1)[:, None]
     spread = np.nan_to_num(found.spread, nan=np.inf) / np.maximum(alone.spread, 1e-3)[:, None]
     kept = (area >= KEPT_RANGE[0]) & (area <= KEPT_RANGE[1]) & (spread <= KEPT_SPREAD)

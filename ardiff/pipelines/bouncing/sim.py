@@ -1,4 +1,4 @@
-"""The bouncing-balls world: a batched simulator, its renderer, and a locator that inverts it.
+"""The bouncing-balls world: a batched simulator and its renderer.
 
     +--------------------------------+   SIZE x SIZE RGB, values in [0, 1]
     |#### grey wall, WALL px thick ##|   1-3 soft-edged balls of distinct palette colours,
@@ -12,8 +12,7 @@ included, is the result of its own action, so the action of a frame is what
 moved the sprite into it. The state is a few numpy arrays with a batch axis;
 `SimState.from_seed(seed)` gives the one world a seed names (what the pipeline
 renders as start frames), `SimState.sample(rng, n)` a batch for training.
-`locate` measures where each ball and the sprite are in any frames (simulated
-or generated) from their colours: the evaluation and the tests use it.
+`locator.py` measures the objects back out of any frames, simulated or generated.
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ ACTIONS = ("none", "left", "right", "up", "down")
 ACTION_MOVES = np.array([(0, 0), (-1, 0), (1, 0), (0, -1), (0, 1)])  # (dx, dy) per action
 PALETTE = np.array([(1.0, 0.2, 0.2), (0.2, 1.0, 0.3), (0.3, 0.4, 1.0),
                     (1.0, 0.9, 0.2), (1.0, 0.3, 1.0), (0.2, 1.0, 1.0)], dtype=np.float32)
-COLOUR_TOLERANCE = 0.3    # RGB distance under which a pixel counts as an object's colour
 # Bytes of one world's state as float32 (balls: x, y, vx, vy, radius, r, g, b, alive;
 # sprite: x, y): what the pipeline keeps per session while it renders start frames.
 STATE_BYTES = (MAX_BALLS * 9 + 2) * 4
@@ -89,25 +87,25 @@ def step(state: SimState, actions: np.ndarray) -> SimState:
     return replace(state, pos=pos, vel=vel, sprite=sprite)
 
 
-_CENTRES = np.arange(SIZE, dtype=np.float32) + 0.5  # pixel centres
+PIXEL_CENTRES = np.arange(SIZE, dtype=np.float32) + 0.5  # along either axis, in px
 
 
 def render(state: SimState) -> np.ndarray:
     """[B, 3, SIZE, SIZE] float32 frames in [0, 1]: wall, balls in order, the sprite on top."""
     b = state.batch
     frames = np.zeros((b, 3, SIZE, SIZE), dtype=np.float32)
-    inside = (_CENTRES > WALL) & (_CENTRES < SIZE - WALL)
+    inside = (PIXEL_CENTRES > WALL) & (PIXEL_CENTRES < SIZE - WALL)
     frames[:, :, ~(inside[:, None] & inside[None])] = WALL_GREY
     for i in range(MAX_BALLS):
-        dx = _CENTRES[None, None, :] - state.pos[:, i, 0, None, None]
-        dy = _CENTRES[None, :, None] - state.pos[:, i, 1, None, None]
+        dx = PIXEL_CENTRES[None, None, :] - state.pos[:, i, 0, None, None]
+        dy = PIXEL_CENTRES[None, :, None] - state.pos[:, i, 1, None, None]
         dist = np.sqrt(dx * dx + dy * dy)  # [B, SIZE, SIZE]
         alpha = np.clip(state.radius[:, i, None, None] + 0.5 - dist, 0.0, 1.0)
         alpha = (alpha * state.alive[:, i, None, None])[:, None]
         frames = frames * (1 - alpha) + alpha * state.colour[:, i, :, None, None]
     left, top = state.sprite[:, :1], state.sprite[:, 1:]  # [B, 1] each
-    cols = (_CENTRES[None] >= left) & (_CENTRES[None] < left + SPRITE_SIDE)
-    rows = (_CENTRES[None] >= top) & (_CENTRES[None] < top + SPRITE_SIDE)
+    cols = (PIXEL_CENTRES[None] >= left) & (PIXEL_CENTRES[None] < left + SPRITE_SIDE)
+    rows = (PIXEL_CENTRES[None] >= top) & (PIXEL_CENTRES[None] < top + SPRITE_SIDE)
     square = (rows[:, :, None] & cols[:, None, :])[:, None]
     colour = np.array(SPRITE_COLOUR, dtype=np.float32)[None, :, None, None]
     return np.where(square, colour, frames).astype(np.float32)
@@ -133,46 +131,3 @@ def simulate(state: SimState, actions: np.ndarray) -> tuple[np.ndarray, SimState
         state = step(state, actions[:, f])
         frames.append(render(state))
     return np.stack(frames, axis=1), state
-
-
-@dataclass(frozen=True)
-class Located:
-    """Objects found by colour in frames: pixel count, centroid and spread per object."""
-
-    area: np.ndarray       # [..., objects] pixels with the object's colour
-    centre: np.ndarray     # [..., objects, 2] (x, y) centroid; NaN where area is 0
-    spread: np.ndarray     # [..., objects] RMS distance of those pixels from the centroid
-
-
-def locate(frames: np.ndarray, colours: np.ndarray) -> Located:
-    """Measure objects by colour. frames [B, F, 3, H, W] in [0, 1]; colours [B, K, 3].
-
-    A pixel belongs to an object when its RGB distance to the object's colour is
-    under COLOUR_TOLERANCE (soft edges and faded colours fall outside). A ball drawn
-    alone has spread ~0.7 x radius; scattered pixels of its colour have a large one.
-    """
-    diff = frames[:, :, None] - colours[:, None, :, :, None, None]  # [B, F, K, 3, H, W]
-    mask = (np.sqrt((diff * diff).sum(axis=3)) < COLOUR_TOLERANCE).astype(np.float32)
-    area = mask.sum(axis=(-1, -2))
-    xs, ys = _CENTRES[None, :], _CENTRES[:, None]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        cx = (mask * xs).sum(axis=(-1, -2)) / area
-        cy = (mask * ys).sum(axis=(-1, -2)) / area
-        square = (mask * ((xs - cx[..., None, None]) ** 2 + (ys - cy[..., None, None]) ** 2))
-        spread = np.sqrt(square.sum(axis=(-1, -2)) / area)
-    return Located(area, np.stack([cx, cy], axis=-1), spread)
-
-
-def located_alone(state: SimState) -> Located:
-    """What `locate` measures for each ball drawn alone (no other ball, no sprite):
-    area and spread [B, MAX_BALLS] (zero for balls that are not alive)."""
-    area = np.zeros(state.radius.shape, dtype=np.float32)
-    spread = np.zeros(state.radius.shape, dtype=np.float32)
-    centre = np.zeros(state.pos.shape, dtype=np.float32)
-    for i in range(MAX_BALLS):
-        only_i = np.eye(MAX_BALLS, dtype=bool)[i][None].repeat(state.batch, 0)
-        alone = replace(state, alive=only_i, sprite=np.full_like(state.sprite, -SIZE))
-        found = locate(render(alone)[:, None], state.colour[:, i:i + 1])
-        area[:, i], spread[:, i] = found.area[:, 0, 0], found.spread[:, 0, 0]
-        centre[:, i] = found.centre[:, 0, 0]
-    return Located(area * state.alive, centre, np.nan_to_num(spread) * state.alive)

@@ -1,4 +1,5 @@
-"""examples/world_model.py, loaded by file path as a user's plugin: paged = dense, actions matter."""
+"""examples/plugin_world_model.py, loaded by file path as a user's plugin: paged = dense,
+actions matter, and configs/plugin-world.yaml runs it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from ardiff.config.run import load_config
 from ardiff.engine.build import build_runner
 from ardiff.engine.runner import Runner
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "world_model.py"
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "plugin_world_model.py"
+CONFIG = REPO / "configs" / "plugin-world.yaml"
 
 
 def world_runner(tmp_path: Path, backend: str = "paged", **args) -> Runner:
@@ -64,3 +67,17 @@ def test_an_unknown_action_names_the_choices(tmp_path):
     runner = world_runner(tmp_path)
     with pytest.raises(ardiff.ConfigError, match="'jump' is not an action; use one of none"):
         runner.execute(ardiff.RolloutRequest("s", actions=("jump",)))
+
+
+def test_the_shipped_config_runs_the_example():
+    runner = build_runner(load_config(CONFIG))
+    assert type(runner.pipeline).__name__ == "ActionWorldModel"
+    frames = rollout(runner, ["left"], blocks=2)
+    assert frames.shape == (2, 16 * 8, 16 * 8, 3) and frames.dtype == torch.uint8
+
+
+def test_warmup_fills_sink_and_window_then_evicts(tmp_path):
+    runner = world_runner(tmp_path, frames_per_block=2, sink_frames=1, window_frames=8)
+    requests = runner.pipeline.ar_diffusion_warmup_requests("warm")
+    assert len(requests) == 5 + 1   # ceil((1 + 8) / 2) blocks fill sink and window, one evicts
+    assert all(r.session_id == "warm" for r in requests) and requests[0].reset

@@ -1,9 +1,10 @@
-"""An action-conditioned world model, written the way a user writes an ardiff plugin.
+"""An example of the plugin API: an action-conditioned world model, written the way a user
+writes an ardiff pipeline (configs/plugin-world.yaml runs it).
 
 It uses only what `import ardiff` exports and is loaded by file path:
 
     pipeline:
-      entry: ../examples/world_model.py:ActionWorldModel
+      entry: ../examples/plugin_world_model.py:ActionWorldModel
 
 Each frame of a block is steered by an action (`left`, `right`, `up`, `down`,
 `none`). The actions become *register tokens*: extra keys and values that the
@@ -13,7 +14,12 @@ block attends to but that are never committed to history (declared with
 of the absolute frame index (`blk.start_frame`), and a block is sampled with a
 few flow-matching steps (probes) and one commit forward. Weights are a seeded
 random initialisation: the model is untrained, the frames carry no meaning,
-but different actions give different frames.
+but different actions give different frames. (The trained world model that ships with
+ardiff is `ardiff.pipelines.bouncing`.)
+
+Its layers are its own on purpose: ardiff's public API is the runtime contract, not a
+library of model parts, so a plugin owns its network; the shipped pipelines share theirs
+in `ardiff.pipelines.nn` and `ardiff.pipelines.sampling`, which are not public API.
 """
 
 from __future__ import annotations
@@ -137,7 +143,9 @@ class ActionWorldModel:
         pass
 
     def ar_diffusion_warmup_requests(self, session_id: str) -> list[ardiff.RolloutRequest]:
-        blocks = (self.c.sink_frames + self.c.window_frames) // self.c.frames_per_block + 1
+        """Blocks that fill the sink and the window, plus one that evicts (ardiff's rule)."""
+        c = self.c
+        blocks = math.ceil((c.sink_frames + c.window_frames) / c.frames_per_block) + 1
         return [ardiff.RolloutRequest(session_id, block_index=i, actions=("right",), reset=i == 0)
                 for i in range(blocks)]
 

@@ -1,0 +1,216 @@
+"""The bouncing world model's network: a causal DiT over pixel patches, one frame per block.
+
+    frame [3, 32, 32] --8x8 patches--> 16 tokens --4 x Layer--> predicted clean frame
+    Layer:   adaLN-Zero from the frame's noise level -> self-attention (3-axis RoPE over
+             frame, row, column; q/k RMS-norm) to the visible clean frames, the frame
+             itself and the frame's action registers -> MLP
+    actions: each frame's action is `registers_per_action` register tokens, passed as
+             extra_k / extra_v: attended to, never committed
+
+The same `Layer` modules run two ways: `forward_block` attends through the KV state
+(`blk.attend`, the runtime path) and `forward_frames` attends over a batch of whole
+clips with a block-causal mask (training, evaluation). Both mean the same attention:
+a frame at position p sees the sink, the clean frames in (p - window_frames, p) and itself.
+Pixels are the latent space: the model reads and predicts frames in [-1, 1].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ardiff.pipelines.bouncing import sim
+from ardiff.pipelines.bouncing.config import RGB_CHANNELS, BouncingConfig
+from ardiff.pipelines.nn import (AdaLN, Modulation, Patches, Rope, RotaryEmbedding,
+                                 TimestepEmbedding, rotate)
+from ardiff.pipelines.sampling import sample
+
+CELL_INIT_STD = 0.02   # per-cell embedding, small beside the patch projection
+
+
+def pixels_to_model(frames: np.ndarray) -> torch.Tensor:
+    """Simulator frames in [0, 1] -> model pixels in [-1, 1]."""
+    return torch.from_numpy(frames) * 2 - 1
+
+
+def model_to_pixels(x: torch.Tensor) -> np.ndarray:
+    """Model pixels (clamped to [-1, 1]) -> float32 numpy frames in [0, 1]."""
+    return ((x.float().clamp(-1, 1) + 1) / 2).numpy()
+
+
+class Conditioning(NamedTuple):
+    """What a noise level sets, each part [B, S, 1, dim]: per layer the (attention, MLP)
+    modulations, and the final un-gated modulation before the patch projection."""
+
+    layers: list[tuple[Modulation, Modulation]]
+    final: Modulation
+
+
+class Layer(nn.Module):
+    """adaLN self-attention + MLP. Attention itself is done by the caller (KV state or mask)."""
+
+    def __init__(self, c: BouncingConfig) -> None:
+        super().__init__()
+        self.heads, self.head_size = c.num_heads, c.head_size
+        self.modulation = AdaLN(c.dim, num_sets=2, zero_init=True)  # every layer starts as identity
+        self.norm1 = nn.LayerNorm(c.dim, elementwise_affine=False)
+        self.norm2 = nn.LayerNorm(c.dim, elementwise_affine=False)
+        self.qkv = nn.Linear(c.dim, 3 * c.dim)
+        self.q_norm, self.k_norm = nn.RMSNorm(c.head_size), nn.RMSNorm(c.head_size)
+        self.out = nn.Linear(c.dim, c.dim)
+        hidden = c.mlp_ratio * c.dim
+        self.mlp = nn.Sequential(nn.Linear(c.dim, hidden), nn.GELU(approximate="tanh"),
+                                 nn.Linear(hidden, c.dim))
+
+    def _split(self, x: torch.Tensor):
+        return x.unflatten(-1, (3, self.heads, self.head_size)).unbind(-3)
+
+    def project(self, h, attn: Modulation, rope: Rope):
+        """h [..., n, dim] -> rotated q, k and v [..., n, heads, head_size], all in v's dtype."""
+        q, k, v = self._split(self.qkv(attn.modulate(self.norm1(h))))
+        # Under autocast the norms and the rotation come out in fp32; attention must not.
+        return (rotate(self.q_norm(q.float()), rope).to(v.dtype),
+                rotate(self.k_norm(k.float()), rope).to(v.dtype), v)
+
+    def register_kv(self, registers, rope: Rope):
+        """Action registers [..., r, dim] -> their k, v [..., r, heads, head_size]."""
+        _, k, v = self._split(self.qkv(registers))
+        return rotate(self.k_norm(k.float()), rope).to(v.dtype), v
+
+    def finish(self, h, attended, mods: tuple[Modulation, Modulation]):
+        """Residual update from the attention output [..., n, heads, head_size], then the MLP."""
+        attn, mlp = mods
+        h = h + attn.gate * self.out(attended.flatten(-2))
+        return h + mlp.gate * self.mlp(mlp.modulate(self.norm2(h)))
+
+
+@dataclass
+class FrameInputs:
+    """What every forward of the frames at `positions` shares: RoPE of their tokens and,
+    per layer, the K/V of their action registers [B, S, R, heads, hs]."""
+
+    positions: torch.Tensor
+    rope: Rope                                  # [S, T, hs/2] each
+    registers: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class BouncingDiT(nn.Module):
+    """The denoiser: predicts clean frames (pixels in [-1, 1]) from noisy ones and context.
+
+    Parameters are created in a fixed order (the training script seeds the init).
+    """
+
+    def __init__(self, c: BouncingConfig) -> None:
+        super().__init__()
+        self.c = c
+        self.patches = Patches(RGB_CHANNELS, c.patch, c.grid)
+        patch_dim = self.patches.patch_dim
+        self.patch_in, self.patch_out = nn.Linear(patch_dim, c.dim), nn.Linear(c.dim, patch_dim)
+        self.cell = nn.Parameter(torch.randn(c.tokens_per_frame, c.dim) * CELL_INIT_STD)
+        self.time = TimestepEmbedding(c.dim)
+        self.action = nn.Embedding(len(sim.ACTIONS), c.registers_per_action * c.dim)
+        self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_layers))
+        self.final = AdaLN(c.dim, num_sets=1, gated=False, zero_init=True)
+        self.final_norm = nn.LayerNorm(c.dim, elementwise_affine=False)
+        self.rotary = RotaryEmbedding(c.head_size, c.grid)
+
+    def conditioning(self, t: torch.Tensor) -> Conditioning:
+        """Noise levels t [B, S] -> the modulations they set. Depends on t alone, so a
+        sampler may compute it once per level."""
+        b, s = t.shape
+        cond = F.silu(self.time(t.flatten())).reshape(b, s, 1, self.c.dim)
+        # Layers first, then the final: the order autograd sums their gradients into `cond`.
+        layers = [layer.modulation(cond) for layer in self.layers]
+        (final,) = self.final(cond)
+        return Conditioning(layers, final)
+
+    def frame_inputs(self, actions: torch.Tensor, positions: torch.Tensor) -> FrameInputs:
+        """actions [B, S] of the frames at absolute `positions` [S]; a register sits at its
+        frame's position, row 0, column 0."""
+        angles = torch.stack([self.rotary.angles(p, 1, actions.device)
+                              for p in positions.tolist()])  # [S, T, hs/2]
+        rope = Rope.from_angles(angles)
+        r = self.c.registers_per_action
+        register_rope = Rope(*(x[:, :1].expand(-1, r, -1) for x in rope))
+        emb = self.action(actions).unflatten(-1, (r, self.c.dim))
+        return FrameInputs(positions, rope,
+                           [layer.register_kv(emb, register_rope) for layer in self.layers])
+
+    def _run(self, frames, conditioning: Conditioning, inputs: FrameInputs, attend):
+        """The layers over frames [B, S, 3, size, size]; attend(layer, q, k, v, rk, rv) does
+        attention. Returns predicted frames of the same shape."""
+        h = self.patch_in(self.patches.patchify(frames)) + self.cell  # [B, S, T, dim]
+        for index, layer in enumerate(self.layers):
+            mods = conditioning.layers[index]
+            q, k, v = layer.project(h, mods[0], inputs.rope)            # [B, S, T, heads, hs]
+            h = layer.finish(h, attend(index, q, k, v, *inputs.registers[index]), mods)
+        out = self.patch_out(conditioning.final.modulate(self.final_norm(h)))
+        return self.patches.unpatchify(out)
+
+    def forward_block(self, x, conditioning: Conditioning, inputs: FrameInputs, blk):
+        """One frame x [1, 3, size, size] attending through the KV `blk`. `conditioning` is
+        `conditioning(t)` of its noise level, `inputs` the `frame_inputs` of its action at
+        position blk.start_frame."""
+        assert inputs.positions.tolist() == [blk.start_frame], "frame inputs of another frame"
+
+        def attend(index, q, k, v, rk, rv):
+            out = blk.attend(index, q[0, 0], k[0, 0], v[0, 0], extra_k=rk[0, 0], extra_v=rv[0, 0])
+            return out[None, None]
+
+        return self._run(x[None], conditioning, inputs, attend)[0]
+
+    def forward_frames(self, frames, t, actions, positions, noisy):
+        """A block-causal pass over clips. frames [B, S, 3, size, size] at noise levels
+        t [B, S] with actions [B, S]; positions [S] (absolute frame indices) and noisy [S]
+        (bool) describe the S slots: clean slots are history, noisy slots are predicted.
+        Returns the clean prediction of every slot [B, S, 3, size, size]."""
+        mask = self.frame_mask(positions, noisy)
+
+        def attend(index, q, k, v, rk, rv):
+            keys = torch.cat([k.flatten(1, 2), rk.flatten(1, 2)], dim=1).transpose(1, 2)
+            values = torch.cat([v.flatten(1, 2), rv.flatten(1, 2)], dim=1).transpose(1, 2)
+            out = F.scaled_dot_product_attention(q.flatten(1, 2).transpose(1, 2), keys, values,
+                                                 attn_mask=mask)     # [B, heads, S*T, hs]
+            return out.transpose(1, 2).unflatten(1, (len(positions), -1))
+
+        return self._run(frames, self.conditioning(t), self.frame_inputs(actions, positions),
+                         attend)
+
+    def frame_mask(self, positions: torch.Tensor, noisy: torch.Tensor) -> torch.Tensor:
+        """[S*T, S*T + S*R] bool over [frame tokens | registers]: a slot sees itself, its own
+        registers, and the clean slots a block at its position sees through the KV cache
+        (the sink, and positions in (p - window_frames, p))."""
+        c, s = self.c, len(positions)
+        p_q, p_k = positions[:, None], positions[None, :]
+        history = (p_k < p_q) & ~noisy[None, :] & ((p_k > p_q - c.window_frames)
+                                                    | (p_k < c.sink_frames))
+        own = torch.eye(s, dtype=torch.bool, device=positions.device)
+        tokens = c.tokens_per_frame
+        frames = (history | own).repeat_interleave(tokens, 0).repeat_interleave(tokens, 1)
+        registers = own.repeat_interleave(tokens, 0).repeat_interleave(c.registers_per_action, 1)
+        return torch.cat([frames, registers], dim=1)
+
+
+@torch.inference_mode()
+def sample_next(model: BouncingDiT, history: torch.Tensor, actions: torch.Tensor,
+                start: int, noise: torch.Tensor, num_steps: int) -> torch.Tensor:
+    """The next frame after `history` [B, H, 3, s, s] (frames start..start+H-1) under
+    actions [B, H + 1]: num_steps steps from noise [B, 3, s, s], as the pipeline samples,
+    through `forward_frames`. The history is encoded afresh, so its first frames see less
+    of the past than in a long KV-cache run."""
+    b, h = history.shape[:2]
+    positions = torch.arange(start, start + h + 1)
+    noisy = positions == start + h
+
+    def predict_clean(x: torch.Tensor, t: float) -> torch.Tensor:
+        t_slots = torch.zeros(b, h + 1)
+        t_slots[:, -1] = t
+        return model.forward_frames(torch.cat([history, x[:, None]], 1), t_slots, actions,
+                                    positions, noisy)[:, -1].clamp(-1, 1)
+
+    return sample(noise, predict_clean, num_steps)

@@ -1,0 +1,144 @@
+"""The bouncing world model as an ardiff pipeline: one `main` branch, one frame per block.
+
+    blocks: `context_frames` start frames rendered by the simulator (seeded by
+            request.seed, moved by the actions) are committed as clean history; then each
+            frame is sampled in `num_steps` flow-matching steps (probes) and committed at t = 0
+    video:  the 32 x 32 model frames, upscaled nearest-neighbour
+
+The network is `model.py`, its weights `checkpoint.py` (shipped in `weights/`, made by
+`python -m ardiff.pipelines.bouncing.train`); nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+import ardiff
+from ardiff.pipelines.bouncing import sim
+from ardiff.pipelines.bouncing.checkpoint import load_weights
+from ardiff.pipelines.bouncing.config import RGB_CHANNELS, BouncingConfig
+from ardiff.pipelines.bouncing.model import (BouncingDiT, Conditioning, FrameInputs,
+                                             pixels_to_model)
+from ardiff.pipelines.sampling import block_noise, sample, warmup_blocks
+
+BRANCH = "main"
+FRAMES_PER_BLOCK = 1   # an action takes effect in the very next frame
+CLEAN = 0.0            # the noise level of a committed frame
+
+
+def to_video(x: torch.Tensor, upscale: int) -> torch.Tensor:
+    """Frames [F, 3, size, size] in [-1, 1] -> uint8 [F, size*up, size*up, 3], nearest-neighbour."""
+    rgb = ((x.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
+    return rgb.repeat_interleave(upscale, dim=1).repeat_interleave(upscale, dim=2).contiguous()
+
+
+class BouncingWorld:
+    """The pipeline: one `main` branch, one frame per block, actions as register tokens.
+
+    Per-session model-owned state: the simulator world while it renders the start
+    frames (dropped once the model takes over).
+    """
+
+    def __init__(self, **config) -> None:
+        self.config = BouncingConfig(**config)
+        self.model: BouncingDiT | None = None
+        self.device, self.dtype = torch.device("cpu"), torch.float32
+        self._worlds: dict[str, sim.SimState] = {}
+        self._levels: dict[float, Conditioning] = {}  # noise level -> model conditioning
+
+    def ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
+        c = self.config
+        return ardiff.ARDiffusionKVCacheSpec(
+            num_layers=c.num_layers, num_kv_heads=c.num_heads, head_size=c.head_size,
+            tokens_per_frame=c.tokens_per_frame, frames_per_block=FRAMES_PER_BLOCK,
+            window_frames=c.window_frames, sink_frames=c.sink_frames,
+            session_capacity=c.session_capacity, max_model_len=c.max_frames,
+            kv_branches=(ardiff.ARDiffusionKVBranchSpec(BRANCH, 0),),
+            max_scratch_tokens_per_branch=c.registers_per_action,
+            model_owned_state_bytes_per_session=sim.STATE_BYTES)
+
+    def load(self, device, dtype: torch.dtype) -> None:
+        self.device, self.dtype = torch.device(device), dtype
+        if self.device.type == "cpu" and self.config.cpu_threads:
+            torch.set_num_threads(self.config.cpu_threads)
+        self.model = load_weights(self.config).to(self.device, dtype).eval()
+        self._levels.clear()
+
+    def reset_ar_diffusion_session(self, session_id: str) -> None:
+        self._worlds.pop(session_id, None)
+
+    def bind_ar_diffusion_state(self, session_id: str, state) -> contextlib.AbstractContextManager[None]:
+        """The state reaches generate_block as its argument: nothing to bind."""
+        return contextlib.nullcontext()
+
+    def close_ar_diffusion_session(self, session_id: str) -> None:
+        self._worlds.pop(session_id, None)
+
+    def ar_diffusion_warmup_requests(self, session_id: str) -> list[ardiff.RolloutRequest]:
+        """Start frames, then enough sampled frames to fill sink and window and evict once;
+        the actions cycle through every action."""
+        blocks = self.config.context_frames + warmup_blocks(self.ar_diffusion_kv_cache_spec())
+        return [ardiff.RolloutRequest(session_id, block_index=i,
+                                      actions=(sim.ACTIONS[i % len(sim.ACTIONS)],), reset=i == 0)
+                for i in range(blocks)]
+
+    def action_index(self, actions: tuple[str, ...] | None) -> int:
+        """The block's one action (a block is one frame); None means `none`."""
+        names = tuple(actions or ("none",))
+        if len(names) != 1 or names[0] not in sim.ACTIONS:
+            raise ardiff.ConfigError(f"rollout.actions: {list(names)!r} is not one action for "
+                                     f"this one-frame block; use one of "
+                                     f"{', '.join(sim.ACTIONS)}")
+        return sim.ACTIONS.index(names[0])
+
+    @torch.inference_mode()
+    def generate_block(self, request: ardiff.RolloutRequest, state) -> ardiff.BlockOutput:
+        if self.model is None:
+            self.load("cpu", torch.float32)
+        frame, action = state.num_committed_frames(BRANCH), self.action_index(request.actions)
+        inputs = self.model.frame_inputs(torch.tensor([[action]], device=self.device),
+                                         torch.tensor([frame]))
+        if frame < self.config.context_frames:
+            x = self._start_frame(request, frame, action)
+        else:
+            x = self._sample(request, state, frame, inputs)
+        with state.block(BRANCH, commit=True) as blk:  # the clean frame becomes history
+            self.model.forward_block(x, self._conditioning(CLEAN), inputs, blk)
+        return ardiff.BlockOutput(frames=to_video(x, self.config.upscale))
+
+    def _conditioning(self, t: float) -> Conditioning:
+        """The model's conditioning for noise level t, computed once per level."""
+        if t not in self._levels:
+            self._levels[t] = self.model.conditioning(torch.full((1, 1), t, device=self.device))
+        return self._levels[t]
+
+    def _start_frame(self, request, frame: int, action: int) -> torch.Tensor:
+        """Frame `frame` of the simulator world named by the seed, moved by `action`."""
+        sid = request.session_id
+        if frame == 0:
+            self._worlds[sid] = sim.SimState.from_seed(request.seed)
+        elif sid not in self._worlds:
+            raise ardiff.PipelineError(f"session {sid!r}: no simulator world for start frame "
+                                       f"{frame}; the session must start at frame 0")
+        world = sim.step(self._worlds[sid], np.array([action]))
+        if frame + 1 < self.config.context_frames:
+            self._worlds[sid] = world
+        else:
+            del self._worlds[sid]
+        return pixels_to_model(sim.render(world)).to(self.device, self.dtype)  # [1, 3, s, s]
+
+    def _sample(self, request, state, frame: int, inputs: FrameInputs) -> torch.Tensor:
+        """num_steps flow-matching steps from the block's seeded noise, each one a probe."""
+        c = self.config
+        shape = (FRAMES_PER_BLOCK, RGB_CHANNELS, c.size, c.size)
+        noise = block_noise(shape, request.seed, frame, self.device, self.dtype)
+
+        def predict_clean(x: torch.Tensor, t: float) -> torch.Tensor:
+            with state.block(BRANCH) as blk:   # a probe: attends to history, commits nothing
+                clean = self.model.forward_block(x, self._conditioning(t), inputs, blk)
+            return clean.clamp(-1, 1)           # the model's pixel range
+
+        return sample(noise, predict_clean, request.num_steps or c.num_steps)

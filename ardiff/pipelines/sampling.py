@@ -1,0 +1,64 @@
+"""How the shipped pipelines sample a block: seeded per-block noise, the few-step
+flow-matching sampler, and how many warmup blocks exercise a window.
+
+    noise (t = 1) --predict clean--> step --predict clean--> step ... --> clean block (t = 0)
+
+Flow matching here means x_t = (1 - t) clean + t noise: the model predicts the clean
+block from x_t, and a step moves x along the straight line to that prediction. Each
+prediction is the caller's (a probe of the KV cache); the commit forward that follows
+is the caller's too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+import ardiff
+from ardiff.sizes import ceil_div
+
+# Noise streams are named by seed * SEED_STRIDE + start_frame: a prime above any frame
+# position a shipped pipeline reaches, so (seed, frame) pairs never share a stream.
+SEED_STRIDE = 1_000_003
+
+
+def block_generator(seed: int, start_frame: int) -> torch.Generator:
+    """The CPU generator of the block whose first frame is `start_frame` in a rollout seeded
+    `seed`. CPU on every device, so a seed gives the same noise on CPU and GPU."""
+    return torch.Generator().manual_seed(seed * SEED_STRIDE + start_frame)
+
+
+def block_noise(shape: tuple[int, ...], seed: int, start_frame: int,
+                device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Standard normal noise of `shape` for that block: drawn in float32 on the CPU, then
+    moved, so it depends on (seed, start_frame) alone."""
+    noise = torch.randn(shape, generator=block_generator(seed, start_frame))
+    return noise.to(device, dtype)
+
+
+def noise_levels(num_steps: int) -> list[float]:
+    """`num_steps + 1` evenly spaced levels from 1 (pure noise) down to 0 (clean)."""
+    return torch.linspace(1.0, 0.0, num_steps + 1).tolist()
+
+
+def flow_step(x: torch.Tensor, clean: torch.Tensor, t: float, t_next: float) -> torch.Tensor:
+    """x at level t -> x at level t_next, along the line from `clean` through x (t > 0)."""
+    return clean + t_next * (x - clean) / t
+
+
+def sample(noise: torch.Tensor, predict_clean: Callable[[torch.Tensor, float], torch.Tensor],
+           num_steps: int) -> torch.Tensor:
+    """Run `num_steps` flow-matching steps from `noise`; predict_clean(x, t) is called once
+    per step, at levels 1, ..., 1 / num_steps. Returns the clean block (t = 0)."""
+    levels = noise_levels(num_steps)
+    x = noise
+    for t, t_next in zip(levels[:-1], levels[1:]):
+        x = flow_step(x, predict_clean(x, t), t, t_next)
+    return x
+
+
+def warmup_blocks(spec: ardiff.ARDiffusionKVCacheSpec) -> int:
+    """Blocks that fill the sink and the window, plus one that evicts: after them every
+    code path of a block (empty, partial and full window, eviction) has run once."""
+    return ceil_div(spec.sink_frames + spec.window_frames, spec.frames_per_block) + 1

@@ -1,1 +1,0 @@
-"""Trained weights that ship with ardiff (made by examples/train_world.py)."""
