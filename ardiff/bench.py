@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from ardiff.config.run import RunConfig
+from ardiff.config.run import RunConfig, with_base_dir
 from ardiff.engine.build import build_runner, resolve
 from ardiff.contract.forward import RolloutRequest
 from ardiff.engine.runner import Runner
@@ -100,8 +100,8 @@ def current_rss_bytes() -> int:
 
 def _runners(config: RunConfig) -> dict[str, Runner]:
     """One runner per backend over one loaded pipeline, each sized for one session."""
-    config = dataclasses.replace(config, runtime=dataclasses.replace(config.runtime,
-                                                                     max_sessions=1))
+    runtime = dataclasses.replace(config.runtime, max_sessions=1)
+    config = with_base_dir(dataclasses.replace(config, runtime=runtime), config.base_dir)
     resolved = resolve(config)
     return {backend: build_runner(config, resolved, load_weights=i == 0, backend=backend)
             for i, backend in enumerate(BACKENDS)}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from ardiff.errors import ConfigError
 
@@ -45,39 +46,66 @@ class MemoryBudget:
     @classmethod
     def parse(cls, value: object, where: str) -> MemoryBudget:
         """Parse a YAML/CLI value; raise `ConfigError` naming `where` and the value."""
+        try:
+            return cls._from_value(value)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+
+    @classmethod
+    def _from_value(cls, value: object) -> MemoryBudget:
+        """Parse a value; raise `ValueError` saying what is wrong with it (without a place)."""
         if isinstance(value, MemoryBudget):
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(f"{where}: {value!r} is not a size; {_SIZE_HINT}")
+            raise ValueError(f"{value!r} is not a size; {_SIZE_HINT}")
         if isinstance(value, int):
-            return cls(num_bytes=_positive_bytes(value, value, where))
+            return cls(num_bytes=_positive_bytes(value, value))
         if isinstance(value, float):
-            return cls._from_number(value, value, where)
+            return cls._from_number(value, value)
         match = _SIZE_RE.match(value)
         if not match:
-            raise ConfigError(f"{where}: {value!r} is not a size; {_SIZE_HINT}")
+            raise ValueError(f"{value!r} is not a size; {_SIZE_HINT}")
         number, unit = match.group(1), match.group(2).lower()
         if unit == "":
-            return cls._from_number(float(number) if "." in number else int(number), value, where)
+            return cls._from_number(float(number) if "." in number else int(number), value)
         if unit not in _UNITS:
-            raise ConfigError(f"{where}: {value!r} has unknown unit {match.group(2)!r}; "
-                              f"use one of B, KB, MB, GB, TB, KiB, MiB, GiB, TiB")
+            raise ValueError(f"{value!r} has unknown unit {match.group(2)!r}; "
+                             f"use one of B, KB, MB, GB, TB, KiB, MiB, GiB, TiB")
         # Decimal, not float: 2.01KB is 2010 bytes, not 2009.
-        return cls(num_bytes=_positive_bytes(int(Decimal(number) * _UNITS[unit]), value, where))
+        return cls(num_bytes=_positive_bytes(int(Decimal(number) * _UNITS[unit]), value))
 
     @classmethod
-    def _from_number(cls, number: int | float, raw: object, where: str) -> MemoryBudget:
+    def _from_number(cls, number: int | float, raw: object) -> MemoryBudget:
         if isinstance(number, int):
-            return cls(num_bytes=_positive_bytes(number, raw, where))
+            return cls(num_bytes=_positive_bytes(number, raw))
         if 0.0 < number <= 1.0:
             return cls(fraction=number)
-        raise ConfigError(f"{where}: {raw!r} is neither a fraction in (0, 1] nor a whole "
-                          f"number of bytes; {_SIZE_HINT}")
+        raise ValueError(f"{raw!r} is neither a fraction in (0, 1] nor a whole "
+                         f"number of bytes; {_SIZE_HINT}")
+
+    # How pydantic (the run config) validates a budget and describes it in the JSON Schema.
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema
+
+        # Written back (a default in the JSON Schema) as a config value: bytes or a fraction.
+        as_value = core_schema.plain_serializer_function_ser_schema(
+            lambda budget: budget.fraction if budget.num_bytes is None else budget.num_bytes)
+        return core_schema.no_info_plain_validator_function(cls._from_value,
+                                                            serialization=as_value)
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: Any, handler: Any) -> dict[str, Any]:
+        units = "|".join("".join(f"[{c}{c.upper()}]" for c in unit) for unit in _UNITS)
+        return {"description": f"A KV memory budget: {_SIZE_HINT}.", "anyOf": [
+            {"type": "string", "pattern": rf"^\s*[0-9]*\.?[0-9]+\s*({units})?\s*$"},
+            {"type": "integer", "minimum": 1},
+            {"type": "number", "exclusiveMinimum": 0, "maximum": 1}]}
 
 
-def _positive_bytes(num_bytes: int, raw: object, where: str) -> int:
+def _positive_bytes(num_bytes: int, raw: object) -> int:
     if num_bytes <= 0:
-        raise ConfigError(f"{where}: {raw!r} must be more than 0 bytes; {_SIZE_HINT}")
+        raise ValueError(f"{raw!r} must be more than 0 bytes; {_SIZE_HINT}")
     return num_bytes
 
 

@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from ardiff_cli import bench, inspect_spec, rollout, warmup
+from ardiff_cli import bench, config_schema, inspect_spec, rollout, warmup
 
 app = typer.Typer(
     name="ardiff",
@@ -19,6 +19,7 @@ app.command("rollout")(rollout.rollout_command)
 app.command("inspect-spec")(inspect_spec.inspect_spec_command)
 app.command("warmup")(warmup.warmup_command)
 app.command("bench")(bench.bench_command)
+app.command("config-schema")(config_schema.config_schema_command)
 
 
 @app.callback()

@@ -1,4 +1,5 @@
-"""ardiff/config.py and ardiff/schema.py: typed sections, defaults, errors that name the path."""
+"""ardiff/config/run.py and ardiff/config/schema.py: typed sections, defaults, errors that name
+the path."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ardiff.config.run import KVConfig, RuntimeConfig, apply_override, build_config, load_config
+from ardiff.config.run import (KVConfig, PromptSwitch, RuntimeConfig, apply_override, build_config,
+                               load_config, with_base_dir)
 from ardiff.errors import ConfigError
 from ardiff.sizes import MemoryBudget
 
@@ -97,6 +99,23 @@ def test_unknown_keys_name_the_dotted_path_and_suggest(data, message):
 def test_unknown_key_without_a_close_match_lists_the_known_keys():
     with raises("output.zzz: unknown key; known keys: path, fps"):
         build(with_section("output", {"zzz": 1}))
+
+
+def test_unknown_keys_come_before_the_values_of_their_section():
+    """A typo'd key is read before the values beside it and under it, as the file is read."""
+    with raises("rollout.frams: unknown key; did you mean 'frames'?"):
+        build(with_section("rollout", {"seed": "x", "frams": 1}))
+    with raises("runtim: unknown key; did you mean 'runtime'?"):
+        build({**MINIMAL, "runtime": {"dtype": "fp32"}, "runtim": {}})
+    with raises("runtime.dtyp: unknown key; did you mean 'dtype'?"):
+        build(with_section("runtime", {"kv": {"windw_frames": 3}, "dtyp": 1}))
+
+
+def test_a_key_that_is_not_text_is_unknown():
+    with raises("1: unknown key; known keys: pipeline, runtime, warmup, rollout, output"):
+        build({**MINIMAL, 1: {}})
+    with raises("base_dir: unknown key"):  # set from the file's folder, never from its text
+        build({**MINIMAL, "base_dir": "/tmp"})
 
 
 def test_pipeline_args_accept_any_keys():
@@ -217,6 +236,31 @@ def test_bad_memory_budgets(write_config, value, message):
         load_config(path)
 
 
+# ---- prompt schedules ----------------------------------------------------------------------
+
+def test_a_prompt_schedule_becomes_prompt_switches():
+    config = build(with_section("rollout", {"prompt": [
+        {"frame": 0, "prompt": "a"}, {"frame": 8, "prompt": "b", "on_switch": "reset"}]}))
+    assert config.rollout.prompt == [PromptSwitch(0, "a"), PromptSwitch(8, "b", "reset")]
+
+
+@pytest.mark.parametrize("rollout, message", [
+    ({"prompt": []}, "rollout.prompt: a schedule must start at frame 0, got frames []; "
+                     "add {frame: 0, prompt: ...} first"),
+    ({"prompt": [{"frame": 0, "prompt": "a"}, {"frame": 0, "prompt": "b"}]},
+     "rollout.prompt: schedule frames [0, 0] must increase strictly"),
+    ({"prompt": [{"frame": 0, "prompt": "a"}], "prompts": ["b"]},
+     "rollout.prompts: cannot be combined with a rollout.prompt schedule; use one or the other"),
+    # A prompt is text first: a list that is not a schedule is reported as not text.
+    ({"prompt": [{"frame": -1, "prompt": "a"}]}, "rollout.prompt: expected a string, got a list"),
+    ({"prompts": 5}, "rollout.prompts: expected a list, got 5 (int)"),
+    ({"actions": ["left", 3]}, "rollout.actions[1]: expected a string, got 3 (int)"),
+])
+def test_bad_schedules_and_lists(rollout, message):
+    with raises(message):
+        build(with_section("rollout", rollout))
+
+
 # ---- files ---------------------------------------------------------------------------------
 
 def test_missing_config_file(tmp_path):
@@ -255,6 +299,16 @@ def test_base_dir_is_the_config_files_folder(write_config, tmp_path, monkeypatch
 def test_base_dir_does_not_affect_equality(write_config):
     path = write_config("pipeline: {entry: 'a:b'}\n")
     assert load_config(path) == build({"pipeline": {"entry": "a:b"}})
+
+
+def test_a_replaced_config_is_validated_and_keeps_its_folder(write_config):
+    config = load_config(write_config("pipeline: {entry: 'a:b'}\n", name="sub/run.yaml"))
+    runtime = dataclasses.replace(config.runtime, max_sessions=1)
+    replaced = with_base_dir(dataclasses.replace(config, runtime=runtime), config.base_dir)
+    assert replaced.runtime.max_sessions == 1 and replaced.base_dir == config.base_dir
+    assert config.runtime.max_sessions is None  # the original is unchanged
+    with pytest.raises(ValueError, match="max_sessions"):
+        dataclasses.replace(config.runtime, max_sessions=0)
 
 
 # ---- --set overrides -----------------------------------------------------------------------

@@ -98,3 +98,17 @@ def test_str():
 ])
 def test_format_bytes(num_bytes, text):
     assert format_bytes(num_bytes) == text
+
+
+def test_the_json_schema_accepts_what_parse_accepts():
+    """Editors check `memory_budget` with the JSON Schema: it agrees with `parse` on form."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from pydantic import TypeAdapter
+
+    schema = TypeAdapter(MemoryBudget).json_schema()
+    for good in ["6GiB", " 6 GiB ", "64kib", "1.5GB", "100B", "1000000", ".25", 4096, 0.8, 1.0]:
+        parse(good)
+        jsonschema.validate(good, schema)
+    for bad in ["lots", "6GiB6", "6 Gi B", "-1GiB", "6GiBs", "12XB", True, None, 0, -5, 1.5]:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)

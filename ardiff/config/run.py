@@ -4,18 +4,27 @@ A YAML file has five sections — `pipeline`, `runtime`, `warmup`, `rollout`,
 `output` — and every key has its default here and nowhere else. CLI flags and
 `--set a.b.c=value` overrides edit the same plain data before it is built, so
 they get the same validation and the same error messages.
+
+The sections are pydantic dataclasses: pydantic checks the types (strictly: `"12"`
+is not an integer, `1` is not `true`), the bounds and the unknown keys, and
+`ardiff.config.schema` turns what it finds into one `ConfigError` line. The same
+classes give the JSON Schema editors use (`config_json_schema`).
 """
 
 from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
+from pydantic import (BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt,
+                      StrictStr, ValidationInfo, field_validator)
+from pydantic.dataclasses import dataclass
+from pydantic.json_schema import SkipJsonSchema
 
 from ardiff.config import schema
 from ardiff.dtypes import DTYPE_BYTES, DTypeName
@@ -23,69 +32,71 @@ from ardiff.errors import ConfigError
 from ardiff.sizes import MemoryBudget
 
 DEFAULT_CONFIG_NAME = "default.yaml"
-_DEVICE_RE = re.compile(r"^(cpu|auto|cuda(:\d+)?)$")
+DEVICE_PATTERN = r"^(cpu|auto|cuda(:\d+)?)$"
+# Unknown keys are errors; the docstring under a field is its description in the JSON Schema.
+_SECTION = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+Positive = Annotated[StrictInt, Field(gt=0)]
+NonNegative = Annotated[StrictInt, Field(ge=0)]
+_S = TypeVar("_S")
+# A section left empty in YAML (`runtime:`) means all its defaults.
+Section = Annotated[_S, BeforeValidator(lambda value: {} if value is None else value)]
 
 
-def _check_min(where: str, value: int | None, minimum: int) -> None:
-    if value is not None and value < minimum:
-        rule = "> 0" if minimum == 1 else f">= {minimum}"
-        raise ConfigError(f"{where}: {value!r} is invalid; it must be {rule}")
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SECTION)
 class PipelineConfig:
     """Which pipeline to build: `entry` is `pkg.module:attr`, `file.py:attr` or a registered name."""
 
-    entry: str
-    args: dict[str, Any] = field(default_factory=dict)
+    entry: StrictStr
+    """`pkg.module:attr`, `path/file.py:attr` (relative to the config file) or a name."""
+    args: dict[Any, Any] = field(default_factory=dict)
+    """Keyword arguments of the pipeline's class or factory (constructing it checks them)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SECTION)
 class KVConfig:
     """Runtime overrides of the spec's window, and how the cache is stored."""
 
     backend: Literal["paged", "dense"] = "paged"
-    window_frames: int | None = None
-    sink_frames: int | None = None
-    page_tokens: int | None = None
-    # Fill unused and freed pages with NaN so a wrong read shows (debugging aid; slower).
-    poison: bool = False
-
-    def __post_init__(self) -> None:
-        _check_min("runtime.kv.window_frames", self.window_frames, 1)
-        _check_min("runtime.kv.sink_frames", self.sink_frames, 0)
-        _check_min("runtime.kv.page_tokens", self.page_tokens, 1)
+    window_frames: Positive | None = None
+    sink_frames: NonNegative | None = None
+    page_tokens: Positive | None = None
+    poison: StrictBool = False
+    """Fill unused and freed pages with NaN so a wrong read shows (debugging aid; slower)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SECTION)
 class RuntimeConfig:
     """Where and how the pipeline runs, and how much memory its KV cache may take."""
 
-    device: str = "cpu"
+    device: StrictStr = Field(default="cpu", json_schema_extra={"pattern": DEVICE_PATTERN})
+    """cpu, cuda, cuda:N or auto (CUDA when there is one)."""
     dtype: DTypeName = "float32"
-    memory_budget: MemoryBudget = MemoryBudget(fraction=0.8)
-    max_sessions: int | None = None
-    kv: KVConfig = KVConfig()
+    memory_budget: MemoryBudget = Field(default=0.8, validate_default=True)  # 0.8 of free memory
+    max_sessions: Positive | None = None
+    """A cap below what the budget allows (None: as many as fit)."""
+    kv: Section[KVConfig] = KVConfig()
 
-    def __post_init__(self) -> None:
-        if not _DEVICE_RE.match(self.device):
-            raise ConfigError(f"runtime.device: {self.device!r} is not a device; "
-                              f"use cpu, cuda, cuda:N or auto")
-        _check_min("runtime.max_sessions", self.max_sessions, 1)
+    @field_validator("device")
+    @classmethod
+    def _is_a_device(cls, device: str) -> str:
+        if not re.match(DEVICE_PATTERN, device):
+            raise ValueError(f"{device!r} is not a device; use cpu, cuda, cuda:N or auto")
+        return device
 
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SECTION)
 class WarmupConfig:
     """Whether to run the pipeline's warmup requests before the rollout."""
 
-    enabled: bool = True
+    enabled: StrictBool = True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SECTION)
 class PromptSwitch:
     """From video frame `frame` on (rounded up to a block boundary), generate `prompt`.
 
@@ -94,73 +105,91 @@ class PromptSwitch:
     cross-attention K/V first, or `reset` start the session over at frame 0.
     """
 
-    frame: int
-    prompt: str
+    frame: NonNegative
+    prompt: StrictStr
     on_switch: Literal["keep", "clear-cross", "reset"] = "keep"
 
-    def __post_init__(self) -> None:
-        _check_min("rollout.prompt[].frame", self.frame, 0)
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SECTION)
 class RolloutConfig:
     """What to generate. Paths to files are relative to the config file."""
 
-    frames: int = 48                     # video frames written per prompt
-    seed: int = 0
-    prompt: str | list[PromptSwitch] = ""  # a prompt, or a schedule of switches
-    negative_prompt: str = ""
-    prompts: list[str] | str | None = None  # several prompts (one video each): a list or a file
-    interleave: bool = False             # run several prompts round-robin, all resident
-    actions: list[str | list[str]] | str | None = None  # per block (repeating), or a file
-    num_steps: int | None = None         # None: the pipeline's default
-    guidance_scale: float = 1.0
+    frames: Positive = 48
+    """Video frames written per prompt."""
+    seed: StrictInt = 0
+    prompt: StrictStr | list[PromptSwitch] = ""
+    """A prompt, or a schedule of switches starting at frame 0."""
+    negative_prompt: StrictStr = ""
+    prompts: list[StrictStr] | StrictStr | None = None
+    """Several prompts (one video each): a list, or a file with one per line."""
+    interleave: StrictBool = False
+    """Run several prompts round-robin, all resident."""
+    actions: list[StrictStr | list[StrictStr]] | StrictStr | None = None
+    """One action (or several) per block, repeating; or a YAML file with the list."""
+    num_steps: Positive | None = None
+    """None: the pipeline's default."""
+    guidance_scale: StrictFloat = 1.0
 
-    def __post_init__(self) -> None:
-        _check_min("rollout.frames", self.frames, 1)
-        _check_min("rollout.num_steps", self.num_steps, 1)
-        if isinstance(self.prompt, list):
-            self._check_schedule(self.prompt)
-            if self.prompts is not None:
-                raise ConfigError("rollout.prompts: cannot be combined with a rollout.prompt "
-                                  "schedule; use one or the other")
-
-    @staticmethod
-    def _check_schedule(schedule: list[PromptSwitch]) -> None:
-        frames = [switch.frame for switch in schedule]
+    @field_validator("prompt")
+    @classmethod
+    def _schedule_starts_at_zero_and_increases(cls, prompt: str | list[PromptSwitch]):
+        if isinstance(prompt, str):
+            return prompt
+        frames = [switch.frame for switch in prompt]
         if not frames or frames[0] != 0:
-            raise ConfigError(f"rollout.prompt: a schedule must start at frame 0, got frames "
-                              f"{frames}; add {{frame: 0, prompt: ...}} first")
+            raise ValueError(f"a schedule must start at frame 0, got frames {frames}; "
+                             f"add {{frame: 0, prompt: ...}} first")
         if any(b <= a for a, b in zip(frames, frames[1:])):
-            raise ConfigError(f"rollout.prompt: schedule frames {frames} must increase strictly")
+            raise ValueError(f"schedule frames {frames} must increase strictly")
+        return prompt
+
+    @field_validator("prompts")
+    @classmethod
+    def _not_with_a_schedule(cls, prompts: list[str] | str | None, info: ValidationInfo):
+        if prompts is not None and isinstance(info.data.get("prompt"), list):
+            raise ValueError("cannot be combined with a rollout.prompt schedule; "
+                             "use one or the other")
+        return prompts
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SECTION)
 class OutputConfig:
     """Where the video goes. The extension picks the format (see ardiff.video.writer)."""
 
-    path: str = "ardiff_out.mp4"  # several prompts: {index} in the name, or -<index> is added
-    fps: float = 16.0
-    codec: str | None = None      # None: the format's default (libx264, ffv1, libvpx-vp9)
-    crf: int | None = None        # None: the codec's default quality
-    preset: str | None = None     # x264 preset; None: veryfast
+    path: StrictStr = "ardiff_out.mp4"
+    """Several prompts: {index} in the name, or -<index> is added."""
+    fps: StrictFloat = Field(default=16.0, json_schema_extra={"exclusiveMinimum": 0})
+    codec: StrictStr | None = None
+    """None: the format's default (libx264, ffv1, libvpx-vp9)."""
+    crf: NonNegative | None = None
+    """None: the codec's default quality."""
+    preset: StrictStr | None = None
+    """x264 preset; None: veryfast."""
 
-    def __post_init__(self) -> None:
-        if self.fps <= 0:
-            raise ConfigError(f"output.fps: {self.fps!r} must be > 0; try 16")
-        _check_min("output.crf", self.crf, 0)
+    @field_validator("fps")
+    @classmethod
+    def _fps_is_positive(cls, fps: float) -> float:
+        if fps <= 0:  # checked here, not with Field(gt=0), so the message can suggest a value
+            raise ValueError(f"{fps!r} must be > 0; try 16")
+        return fps
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SECTION)
 class RunConfig:
     """A whole run config. `base_dir` is where relative paths in it are resolved."""
 
-    pipeline: PipelineConfig
-    runtime: RuntimeConfig = RuntimeConfig()
-    warmup: WarmupConfig = WarmupConfig()
-    rollout: RolloutConfig = RolloutConfig()
-    output: OutputConfig = OutputConfig()
-    base_dir: Path = field(default=Path("."), compare=False, init=False)
+    pipeline: Section[PipelineConfig]
+    runtime: Section[RuntimeConfig] = RuntimeConfig()
+    warmup: Section[WarmupConfig] = WarmupConfig()
+    rollout: Section[RolloutConfig] = RolloutConfig()
+    output: Section[OutputConfig] = OutputConfig()
+    base_dir: SkipJsonSchema[Path] = field(default=Path("."), compare=False, init=False)
+
+
+def config_json_schema() -> dict[str, Any]:
+    """The JSON Schema of a run config file (draft-07 compatible), for editors and linters."""
+    return {"$schema": "http://json-schema.org/draft-07/schema#",
+            **schema.json_schema(RunConfig), "title": "ardiff run config"}
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
@@ -207,11 +236,16 @@ def build_config(data: dict[str, Any], overrides: list[str] = (),
     data = copy.deepcopy(data)
     for override in overrides:
         apply_override(data, override)
-    config = schema.build(RunConfig, data, "")
-    return _with_base_dir(config, base_dir)
+    return with_base_dir(schema.validate(RunConfig, data), base_dir)
 
 
-def _with_base_dir(config: RunConfig, base_dir: Path) -> RunConfig:
+def with_base_dir(config: RunConfig, base_dir: Path) -> RunConfig:
+    """A copy of `config` whose relative paths resolve against `base_dir`.
+
+    `base_dir` is not a key of the file, so `dataclasses.replace(config, ...)` resets it;
+    pass what it returns through this to keep the folder.
+    """
+    config = copy.copy(config)
     object.__setattr__(config, "base_dir", Path(base_dir))
     return config
 

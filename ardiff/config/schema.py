@@ -1,119 +1,140 @@
-"""Build typed, frozen config objects from plain YAML data, with errors that name the path.
+"""Validate plain config data with pydantic; report what is wrong as one `ConfigError` line.
 
-`build(cls, data, path)` walks the dataclass fields of `cls`:
+pydantic checks the sections (`ardiff.config.run`) and lists every problem it finds.
+A user gets one line for the first of them, in the order a reader meets them (a
+section's unknown keys before its values), that names the dotted path, the value,
+the rule and the fix:
 
-- unknown keys raise `ConfigError` with the dotted path and a "did you mean";
-- values are checked against the field's annotation (int, float, str, bool,
-  `X | None`, `Literal[...]`, `list[X]`, `dict[str, Any]`, nested dataclasses,
-  or any class with a `parse(value, where)` classmethod);
-- defaults live only on the dataclasses.
+    runtime.kv.windw_frames: unknown key; did you mean 'window_frames'?
+    rollout.frames: expected an integer, got 'many' (str)
+    runtime.kv.backend: 'flat' (str) is not allowed; use one of 'paged', 'dense'
+
+Rules written as validators raise `ValueError("<value> ...; <fix>")`; the path is put
+in front here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import types
-import typing
-from typing import Any, Literal, Union
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, TypeVar
+
+from pydantic import TypeAdapter, ValidationError
 
 from ardiff.errors import ConfigError
 
+T = TypeVar("T")
 
-def build(cls: type, data: Any, path: str) -> Any:
-    """Return `cls(**data)` after checking every key and value; raise `ConfigError`."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of keys, got {_show(data)}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    for key in data:
-        if key not in fields:
-            raise ConfigError(f"{_join(path, key)}: unknown key{_suggest(str(key), fields)}")
-    values = {}
-    for name, f in fields.items():
-        where = _join(path, name)
-        if name in data:
-            values[name] = convert(hints[name], data[name], where)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{where}: required key is missing; add it to the config")
+# pydantic's words for a key a section lacks (a non-string key is "invalid").
+_UNKNOWN_KEYS = {"unexpected_keyword_argument", "invalid_key"}
+_EXPECTED = {
+    "int_type": "an integer", "bool_type": "true or false", "float_type": "a number",
+    "string_type": "a string", "list_type": "a list", "dict_type": "a mapping",
+    "dataclass_type": "a mapping of keys",
+}
+
+
+def validate(cls: type[T], data: Any) -> T:
+    """Plain YAML data validated into a `cls`; raise `ConfigError` for the first problem."""
     try:
-        return cls(**values)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+        return _adapter(cls).validate_python(data)
+    except ValidationError as exc:
+        raise config_error(exc, cls) from exc
 
 
-def convert(annotation: Any, value: Any, where: str) -> Any:
-    """Check and convert one value against a type annotation."""
-    origin = typing.get_origin(annotation)
-    if origin in (Union, types.UnionType):
-        return _convert_union(typing.get_args(annotation), value, where)
-    if origin is Literal:
-        choices = typing.get_args(annotation)
-        if value not in choices:
-            options = ", ".join(repr(c) for c in choices)
-            raise ConfigError(f"{where}: {_show(value)} is not allowed; use one of {options}")
-        return value
-    if origin in (list, tuple):
-        return _convert_list(annotation, value, where)
-    if origin is dict or annotation is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {_show(value)}")
-        return dict(value)
-    if annotation is Any:
-        return value
-    if hasattr(annotation, "parse"):
-        return annotation.parse(value, where)
-    if dataclasses.is_dataclass(annotation):
-        return build(annotation, value, where)
-    return _convert_scalar(annotation, value, where)
+def json_schema(cls: type) -> dict[str, Any]:
+    """The JSON Schema of the plain data `validate(cls, data)` accepts."""
+    return _adapter(cls).json_schema()
 
 
-def _convert_union(args: tuple, value: Any, where: str) -> Any:
-    if value is None and type(None) in args:
-        return None
-    candidates = [a for a in args if a is not type(None)]
-    if len(candidates) == 1:
-        return convert(candidates[0], value, where)
-    errors = []
-    for candidate in candidates:
-        try:
-            return convert(candidate, value, where)
-        except ConfigError as exc:
-            errors.append(str(exc))
-    raise ConfigError(errors[0])
+def config_error(exc: ValidationError, root: type) -> ConfigError:
+    """The one-line `ConfigError` for the first problem pydantic found validating a `root`."""
+    names = _field_names(root)
+    issue = _first([_Issue.of(error, names) for error in exc.errors()])
+    return ConfigError(f"{issue.where}: {issue.message(root)}")
 
 
-def _convert_list(annotation: Any, value: Any, where: str) -> Any:
-    if not isinstance(value, (list, tuple)):
-        raise ConfigError(f"{where}: expected a list, got {_show(value)}")
-    args = typing.get_args(annotation)
-    item_type = args[0] if args else Any
-    items = [convert(item_type, item, f"{where}[{i}]") for i, item in enumerate(value)]
-    return tuple(items) if typing.get_origin(annotation) is tuple else items
+@dataclass(frozen=True)
+class _Issue:
+    """One pydantic error, its `loc` cut down to the keys and list indices of the data."""
+
+    kind: str
+    path: tuple[str | int, ...]
+    value: Any
+    error: dict[str, Any]
+
+    @classmethod
+    def of(cls, error: Any, names: frozenset[str]) -> _Issue:
+        # pydantic also puts the name of each member it tried of a union (`str`,
+        # `list[PromptSwitch]`) into `loc`: keep list indices and field names, and the
+        # key itself when it is unknown.
+        loc, kind = error["loc"], error["type"]
+        path = tuple(part for i, part in enumerate(loc) if isinstance(part, int) or part in names
+                     or (kind in _UNKNOWN_KEYS and i == len(loc) - 1))
+        return cls(kind, path, error.get("input"), error)
+
+    @property
+    def where(self) -> str:
+        where = ""
+        for i, part in enumerate(self.path):
+            is_key = self.kind in _UNKNOWN_KEYS and i == len(self.path) - 1
+            where += f"[{part}]" if isinstance(part, int) and not is_key else f".{part}"
+        return where.removeprefix(".")
+
+    def message(self, root: type) -> str:
+        ctx = self.error.get("ctx", {})
+        if self.kind in _UNKNOWN_KEYS:
+            return f"unknown key{_suggest(str(self.path[-1]), _known_keys(root, self.path[:-1]))}"
+        if self.kind == "missing":
+            return "required key is missing; add it to the config"
+        if self.kind in _EXPECTED:
+            return f"expected {_EXPECTED[self.kind]}, got {_show(self.value)}"
+        if self.kind == "literal_error":  # ctx: "'paged' or 'dense'"
+            choices = ", ".join(ctx["expected"].rsplit(" or ", 1))
+            return f"{_show(self.value)} is not allowed; use one of {choices}"
+        if self.kind == "greater_than":
+            return f"{self.value!r} is invalid; it must be > {ctx['gt']}"
+        if self.kind == "greater_than_equal":
+            return f"{self.value!r} is invalid; it must be >= {ctx['ge']}"
+        if self.kind == "value_error":  # a rule of a section, or MemoryBudget's parser
+            return str(ctx["error"])
+        return f"{self.error['msg']}, got {_show(self.value)}"  # pydantic's words
 
 
-def _convert_scalar(annotation: Any, value: Any, where: str) -> Any:
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where}: expected true or false, got {_show(value)}")
-    if annotation is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where}: expected an integer, got {_show(value)}")
-    if annotation is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(f"{where}: expected a number, got {_show(value)}")
-    if annotation is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{where}: expected a string, got {_show(value)}")
-    raise AssertionError(f"schema cannot convert to {annotation!r}")
+def _first(issues: list[_Issue]) -> _Issue:
+    """The issue a reader meets first. pydantic lists a section's unknown keys after its
+    values; an unknown key of the section holding the first issue (or of one around it)
+    comes before it."""
+    first = issues[0]
+    around = [issue for issue in issues if issue.kind in _UNKNOWN_KEYS
+              and first.path[:len(issue.path) - 1] == issue.path[:-1]]
+    return min(around, key=lambda issue: len(issue.path), default=first)
+
+
+@cache
+def _adapter(cls: type) -> TypeAdapter:
+    return TypeAdapter(cls)
+
+
+@cache
+def _field_names(root: type) -> frozenset[str]:
+    """Every key any section of `root` has (its JSON Schema lists them, unions included)."""
+    schema = json_schema(root)
+    sections = [schema, *schema.get("$defs", {}).values()]
+    return frozenset(name for section in sections for name in section.get("properties", {}))
+
+
+def _known_keys(root: type, path: tuple[str | int, ...]) -> list[str]:
+    """The keys of the section at `path` (none if the path leads elsewhere)."""
+    section = root
+    for key in path:
+        field = getattr(section, "__pydantic_fields__", {}).get(key)
+        if field is None:
+            return []
+        section = field.annotation
+    fields = getattr(section, "__pydantic_fields__", {})
+    return [name for name, field in fields.items() if field.init is not False]
 
 
 def _show(value: Any) -> str:
@@ -121,13 +142,8 @@ def _show(value: Any) -> str:
     return kind if kind else f"{value!r} ({type(value).__name__})"
 
 
-def _join(path: str, key: object) -> str:
-    return f"{path}.{key}" if path else str(key)
-
-
-def _suggest(key: str, known: Any) -> str:
-    names = [str(k) for k in known]
-    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+def _suggest(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
     if close:
         return f"; did you mean {close[0]!r}?"
-    return f"; known keys: {', '.join(names)}" if names else ""
+    return f"; known keys: {', '.join(known)}" if known else ""
