@@ -10,6 +10,7 @@ are printed by the CLI, never asserted.
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import tempfile
 import time
@@ -94,8 +95,9 @@ class BenchReport:
 
 
 def current_rss_bytes() -> int:
+    """Resident set size now (Linux: /proc/self/statm counts pages)."""
     with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * 4096
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _runners(config: RunConfig) -> dict[str, Runner]:
@@ -141,9 +143,29 @@ class _Driver:
 def run_bench(config: RunConfig, blocks: int = 4, repeats: int = 3,
               sweep_frames: list[int] | None = None, encode: bool = True,
               on_progress: Callable[[str], None] | None = None) -> BenchReport:
-    """Measure paged vs dense, and optionally encode overhead and RSS against length."""
+    """Measure paged vs dense, and optionally encode overhead and RSS against length.
+
+    The runners it builds are closed on every exit, an exception included."""
     say = on_progress or (lambda message: None)
     runners = _runners(config)
+    try:
+        report = _measure(runners, config, blocks, repeats, say)
+        paged = _Driver(runners["paged"], config)
+        if encode:
+            _measure_encode(paged, config, blocks, repeats, report, say)
+        for frames_total in sweep_frames or []:
+            say(f"sweep: {frames_total} frames")
+            report.sweep.append(_sweep_point(paged, frames_total))
+        report.peak_rss_bytes = peak_rss_bytes()
+        return report
+    finally:
+        for runner in runners.values():
+            runner.close()
+
+
+def _measure(runners: dict[str, Runner], config: RunConfig, blocks: int, repeats: int,
+             say: Callable[[str], None]) -> BenchReport:
+    """Warm up, then the alternating paged / dense repeats; frames must agree."""
     drivers = {name: _Driver(runner, config) for name, runner in runners.items()}
     say("warmup")
     for runner in runners.values():
@@ -159,16 +181,7 @@ def run_bench(config: RunConfig, blocks: int = 4, repeats: int = 3,
             results[name].latencies_s += latencies
             results[name].kv_bytes_allocated = max(results[name].kv_bytes_allocated, peak)
         max_diff = max(max_diff, int((frames["paged"].int() - frames["dense"].int()).abs().max()))
-    report = BenchReport(blocks, repeats, plan.page_bytes * plan.total_pages, results, max_diff)
-    if encode:
-        _measure_encode(drivers["paged"], config, blocks, repeats, report, say)
-    for frames_total in sweep_frames or []:
-        say(f"sweep: {frames_total} frames")
-        report.sweep.append(_sweep_point(drivers["paged"], frames_total))
-    report.peak_rss_bytes = peak_rss_bytes()
-    for runner in runners.values():
-        runner.close()
-    return report
+    return BenchReport(blocks, repeats, plan.page_bytes * plan.total_pages, results, max_diff)
 
 
 def _measure_encode(driver: _Driver, config: RunConfig, blocks: int, repeats: int,

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import typer
 
-from ardiff.config.run import load_config
 from ardiff_cli import options, render
 from ardiff_cli.errors import handle_errors
 
@@ -60,6 +59,7 @@ def bench_command(
 ) -> None:
     """Measure the paged KV runtime against the dense reference on one pipeline."""
     from ardiff.bench import run_bench  # imports torch
+    from ardiff.config.run import load_config
 
     sweep = _parse_sweep(sweep_frames)
     with handle_errors(debug):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ardiff.engine.build import inspect_spec
 from ardiff_cli import options, render
 from ardiff_cli.errors import handle_errors
 
@@ -21,6 +20,8 @@ def inspect_spec_command(
     debug: bool = options.DebugOpt,
 ) -> None:
     """Show the KV spec a pipeline declares and the memory plan for it (dry run)."""
+    from ardiff.engine.build import inspect_spec  # the config layer: only when the command runs
+
     with handle_errors(debug):
         report = inspect_spec(options.load_run_config(config, overrides, {
             "runtime.memory_budget": budget, "runtime.dtype": dtype,

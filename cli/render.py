@@ -5,8 +5,12 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from ardiff.engine.build import SpecReport
+from typing import TYPE_CHECKING
+
 from ardiff.sizes import format_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ardiff.engine.build import SpecReport
 
 console = Console()
 
