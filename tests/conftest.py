@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner, Result
 
 PIPELINES_FILE = Path(__file__).parent / "support" / "spec_pipelines.py"
 
@@ -29,6 +32,33 @@ def write_config(tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture
+def ardiff_main():
+    """`ardiff_main(*args) -> Result`: the `ardiff` script's `main()` in this process, under
+    Typer's runner. Unlike `CliRunner().invoke(app, ...)` it goes through the script's own
+    handler, so a usage error is one `error:` line with exit 2, as in a terminal. An
+    exception that escapes `main()` fails the test (a user would see a traceback)."""
+    from ardiff_cli.main import main  # here: a broken CLI fails its tests, not every test
+
+    def run(*args: object) -> Result:
+        runner = CliRunner()
+        with runner.isolation() as streams, pytest.MonkeyPatch.context() as patch:
+            patch.setattr(sys, "argv", ["ardiff", *map(str, args)])
+            # Click names the program after __main__: "python -m pytest" under `python -m`.
+            patch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
+            try:
+                main()
+            except SystemExit as exc:
+                code = exc.code
+            sys.stdout.flush()
+            sys.stderr.flush()
+            stdout, stderr, output = (stream.getvalue() for stream in streams)
+        return Result(runner=runner, stdout_bytes=stdout, stderr_bytes=stderr,
+                      output_bytes=output, return_value=None, exit_code=code, exception=None)
+
+    return run
 
 
 @pytest.fixture(autouse=True)

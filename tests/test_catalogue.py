@@ -15,7 +15,8 @@ The table "Errors and exit codes" in README.md is these cases with their real me
 (the folder's path cut off): `test_the_readme_table_is_the_catalogue` prints the table to
 paste when they differ. The cases themselves are the table in
 tests/support/catalogue_cases.py. Every case runs once in-process (Typer's runner, the
-`outcomes` fixture); the SUBPROCESS ones also through the installed command.
+`outcomes` fixture); the SUBPROCESS ones (two: the first exit and the deepest, a spec
+that does not fit) also through the installed command, in a subprocess marked slow.
 """
 
 from __future__ import annotations
@@ -195,6 +196,7 @@ def test_the_whole_catalogue_shows_no_traceback_and_creates_no_file(outcomes):
     assert {outcome.exit_code for outcome in runs} <= {1, 2, 3}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", SUBPROCESS, ids=lambda case: case.id)
 def test_the_installed_command_says_the_same(case, outcomes, tmp_path):
     if not can_run(case):

@@ -12,7 +12,8 @@ pipeline (1 layer, 1 head, a few tokens per frame, window 4, sink 1). After ever
 
 RSS is read from /proc/self/statm after the first 1,000 frames and at the end: it may
 grow by the block latencies the runner keeps (a float per block), not by the length of
-the video. Runs in a few seconds on one CPU thread, so it is part of the default run.
+the video. Runs in a few seconds on one CPU thread: part of the default run, marked slow
+so that `pytest -m "not slow"` leaves it out.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def check_pool(runner: Runner, session_id: str, committed_frames: int) -> None:
     assert cache.pool.peak_used <= plan.total_pages
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not STATM.exists(), reason="needs /proc/self/statm (Linux)")
 @pytest.mark.parametrize("frames_per_block, tokens_per_frame, page_tokens", [
     (1, 1, None),   # one frame per block, one token per page

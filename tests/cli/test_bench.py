@@ -1,13 +1,21 @@
-"""`ardiff bench`: the numbers it prints come from real side-by-side runs."""
+"""`ardiff bench`: the numbers it prints come from real side-by-side runs.
+
+Bench times the start-up of six fresh `ardiff` processes (4 s on two cores): the in-process
+runs record which command lines it would time instead, and one slow test times the
+installed command."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
+from ardiff_cli.bench import startup_seconds
 from ardiff_cli.main import app
+
+STARTUP_S = 0.25  # what the recorded start-up timings report
 
 TINY = {"pipeline": {"entry": "ardiff.pipelines.synthetic:SyntheticAttention",
                      "args": {"num_layers": 1, "num_kv_heads": 1, "head_size": 8,
@@ -23,7 +31,21 @@ def run_bench(tmp_path, *args: str):
                                     *args])
 
 
-def test_bench_json_has_both_backends_equal_frames_and_exact_paged_bytes(tmp_path):
+@pytest.fixture
+def timed_commands(monkeypatch) -> list[list[str]]:
+    """The `ardiff` command lines bench asks to time, each reported as STARTUP_S."""
+    timed = []
+
+    def record(args: list[str]) -> float:
+        timed.append(args)
+        return STARTUP_S
+
+    monkeypatch.setattr("ardiff_cli.bench.startup_seconds", record)
+    return timed
+
+
+def test_bench_json_has_both_backends_equal_frames_and_exact_paged_bytes(tmp_path,
+                                                                         timed_commands):
     result = run_bench(tmp_path, "--sweep-frames", "8,40", "--json", "-")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout[result.stdout.index("{"):])
@@ -34,13 +56,14 @@ def test_bench_json_has_both_backends_equal_frames_and_exact_paged_bytes(tmp_pat
     assert paged["kv_bytes_vs_plan_min"] == 1.0
     assert data["encode"]["with_s"] > 0 and data["encode"]["overhead"] is not None
     assert [p["frames"] for p in data["sweep"]] == [8, 40]
-    assert data["startup_s"]["help"] > 0
+    assert data["startup_s"] == {"help": STARTUP_S, "inspect_spec": STARTUP_S}
+    assert timed_commands == [["--help"], ["inspect-spec", str(tmp_path / "bench.yaml")]]
     # The window bounds the pages whatever the length: history + one block in flight.
     assert data["sweep"][0]["pages_in_use_max"] == data["sweep"][1]["pages_in_use_max"]
 
 
-def test_bench_table_prints_targets_and_no_encode_skips_the_encode_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr("ardiff_cli.bench.startup_seconds", lambda args: 0.25)
+def test_bench_table_prints_targets_and_no_encode_skips_the_encode_runs(tmp_path,
+                                                                        timed_commands):
     result = run_bench(tmp_path, "--no-encode")
     assert result.exit_code == 0, result.output
     assert "paged / dense" in result.stdout and "<= 1.03" in result.stdout
@@ -52,3 +75,9 @@ def test_a_bad_sweep_is_a_usage_error(tmp_path):
     result = run_bench(tmp_path, "--sweep-frames", "100,x")
     assert result.exit_code == 2
     assert "positive frame counts" in result.output
+
+
+@pytest.mark.slow
+def test_startup_seconds_times_the_installed_command():
+    seconds = startup_seconds(["--help"], runs=1)
+    assert seconds is not None and seconds > 0, "no ardiff command is installed"

@@ -1,5 +1,6 @@
-"""`ardiff inspect-spec`: exit codes through the installed command run from another
-directory (`cli`), output and flags in-process through Typer's runner (`invoke`).
+"""`ardiff inspect-spec`, in-process: exit codes through the script's `main()` run from an
+empty folder (`cli`), output and flags through Typer's runner (`invoke`). The installed
+command itself is tested in test_main.py and test_catalogue.py.
 
 The fixture pipeline's TINY_SPEC (2 layers, 2 heads of 4, 6 tokens per frame,
 blocks of 2, window 5, sink 1, capacity 4) in float32 plans:
@@ -11,11 +12,8 @@ blocks of 2, window 5, sink 1, capacity 4) in float32 plans:
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,6 @@ from typer.testing import CliRunner
 from ardiff_cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]
-ARDIFF = shutil.which("ardiff", path=str(Path(sys.executable).parent)) or shutil.which("ardiff")
 
 EFFECTIVE_KEYS = {"window_frames", "sink_frames", "page_tokens", "pages_per_frame", "dtype"}
 MEMORY_KEYS = {"page_bytes", "history_frames_per_branch", "history_pages_per_session",
@@ -34,19 +31,12 @@ MEMORY_KEYS = {"page_bytes", "history_frames_per_branch", "history_pages_per_ses
 
 
 @pytest.fixture
-def cli(tmp_path):
-    """`cli(*args) -> CompletedProcess`: the installed `ardiff`, run from an empty folder."""
-    assert ARDIFF, "the ardiff command is not installed next to this Python"
+def cli(tmp_path, monkeypatch, ardiff_main):
+    """`cli(*args) -> Result`: the `ardiff` script's `main()`, run from an empty folder."""
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    env.pop("FORCE_COLOR", None)   # plain text, whatever the caller's terminal settings
-
-    def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([ARDIFF, *map(str, args)], cwd=cwd, env=env, capture_output=True,
-                              text=True, timeout=60)
-
-    return run
+    monkeypatch.chdir(cwd)
+    return ardiff_main
 
 
 @pytest.fixture
@@ -72,19 +62,14 @@ def tiny_config(write_config, pipelines_file):
     return make
 
 
-def exit_code(result) -> int:
-    """The exit status of a subprocess or of an in-process Typer run."""
-    return getattr(result, "returncode", getattr(result, "exit_code", None))
-
-
 def as_json(result) -> dict:
-    assert exit_code(result) == 0, result.stderr
+    assert result.exit_code == 0, result.stderr
     assert result.stderr == ""
     return json.loads(result.stdout)
 
 
 def assert_one_line_error(result, code: int, message: str):
-    assert exit_code(result) == code, result.stderr
+    assert result.exit_code == code, result.stderr
     assert result.stdout == ""
     assert "Traceback" not in result.stderr
     lines = result.stderr.splitlines()
@@ -96,7 +81,7 @@ def assert_one_line_error(result, code: int, message: str):
 
 def test_tables_render(cli, tiny_config):
     result = cli("inspect-spec", tiny_config(cross_tokens=8))
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.stderr
     for text in ("Geometry", "Branches", "Cross-attention", "Window", "sliding",
                  "Memory plan (float32", "6 tokens per", "sessions that fit",
                  "page size", "768B"):
@@ -190,7 +175,7 @@ def test_wan_example(cli):
     assert memory["history_pages_per_session"] == 18         # 21 - 3
     assert memory["session_capacity"] == 4
     tables = cli("inspect-spec", REPO / "examples" / "wan_spec_only.yaml")
-    assert tables.returncode == 0 and "Memory plan (bfloat16" in tables.stdout
+    assert tables.exit_code == 0 and "Memory plan (bfloat16" in tables.stdout
 
 
 # ---- errors --------------------------------------------------------------------------------
@@ -225,7 +210,7 @@ def test_bad_pipelines_exit_2_with_one_line(invoke, tiny_config, attr, message):
 
 
 @pytest.mark.parametrize("attr", ["InvalidSpecPipeline", "ConstructorRaisesPipeline"])
-def test_bad_pipelines_exit_2_from_the_installed_command(cli, tiny_config, attr):
+def test_bad_pipelines_exit_2_through_the_script_from_another_folder(cli, tiny_config, attr):
     assert_one_line_error(cli("inspect-spec", tiny_config(attr)), 2, "error: ")
 
 
@@ -255,23 +240,23 @@ def test_no_session_fits_exits_3(cli, tiny_config):
 
 def test_debug_shows_the_traceback(cli, tiny_config):
     result = cli("inspect-spec", tiny_config(), "--budget", "4000", "--debug")
-    assert result.returncode == 3
+    assert result.exit_code == 3
     assert "Traceback" in result.stderr and "CapacityError" in result.stderr
     assert result.stderr.splitlines()[-1].startswith("error: runtime.memory_budget: ")
     result = cli("inspect-spec", tiny_config("ConstructorRaisesPipeline"), "--debug")
-    assert result.returncode == 2
+    assert result.exit_code == 2
     assert "ValueError: no such checkpoint" in result.stderr   # the cause is shown too
 
 
 def test_usage_errors_exit_2(cli, tiny_config):
-    assert cli("inspect-spec").returncode == 2
-    assert cli("inspect-spec", tiny_config(), "--no-such-flag").returncode == 2
-    assert cli("inspect-spec", tiny_config(), "--page-tokens", "many").returncode == 2
+    assert cli("inspect-spec").exit_code == 2
+    assert cli("inspect-spec", tiny_config(), "--no-such-flag").exit_code == 2
+    assert cli("inspect-spec", tiny_config(), "--page-tokens", "many").exit_code == 2
 
 
 def test_help(cli):
     result = cli("--help")
-    assert result.returncode == 0 and "inspect-spec" in result.stdout
+    assert result.exit_code == 0 and "inspect-spec" in result.stdout
 
 
 def test_fraction_budget_on_a_missing_cuda_device_exits_2(invoke, tiny_config):

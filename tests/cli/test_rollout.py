@@ -1,11 +1,11 @@
-"""`ardiff rollout`, end to end: the installed command in a subprocess, run from tmp_path,
-its video opened with PyAV / Pillow / numpy, its `--json` checked against STATS_SCHEMA.
+"""`ardiff rollout`, end to end: the command run from tmp_path, its video opened with
+PyAV / Pillow / numpy, its `--json` checked against STATS_SCHEMA.
 
 The test pipelines log what they were asked for (tests/support/rollout_pipelines.py)
 or fail on purpose (tests/support/probe_pipeline.py); both make blocks of 2 frames.
-Rollouts are a few blocks long: every run costs mostly the import of torch, so the
-refusals that stop before any compute run in-process through Typer's runner (one of
-them also through the installed command).
+Rollouts are a few blocks long and run in-process through Typer's runner (`ardiff`).
+Three tests (marked slow) run the installed command in a subprocess (`installed`): the
+default config, Ctrl-C (a real SIGINT) and the CI smoke script.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import pytest
 import torch
 import yaml
 from PIL import Image
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from ardiff.config.run import load_config
 from ardiff.rollout.streams import iter_rollout, plan_rollout
@@ -52,10 +52,18 @@ ENV.pop("FORCE_COLOR", None)
 
 
 # -- helpers -----------------------------------------------------------------------------------
-def ardiff(cwd: Path, *args: object, timeout: float = 120) -> subprocess.CompletedProcess:
+def ardiff(cwd: Path, *args: object) -> Result:
+    """`ardiff ARGS` run from `cwd`, in this process; an exception that escapes fails the test."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(cwd)
+        return CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+def installed(cwd: Path, *args: object) -> subprocess.CompletedProcess:
+    """`ardiff ARGS` through the installed command, in a subprocess run from `cwd`."""
     assert ARDIFF, "the ardiff command is not installed next to this Python"
     return subprocess.run([ARDIFF, *map(str, args)], cwd=cwd, env=ENV, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=120)
 
 
 def write_config(tmp_path: Path, cls: str = "RecordingPipeline", file: Path = ROLLOUT_PIPELINES,
@@ -118,7 +126,7 @@ def library_frames(config_path: Path | None, *overrides: str) -> np.ndarray:
         runner.close()
 
 
-def assert_one_error_line(result: subprocess.CompletedProcess, *fragments: str) -> None:
+def assert_one_error_line(result: Result, *fragments: str) -> None:
     lines = result.stderr.strip().splitlines()
     assert lines and lines[-1].startswith("error: "), result.stderr
     assert "Traceback" not in result.stderr
@@ -127,10 +135,11 @@ def assert_one_error_line(result: subprocess.CompletedProcess, *fragments: str) 
 
 
 # -- the default config and exact frames -------------------------------------------------------
+@pytest.mark.slow
 def test_the_default_config_writes_a_playable_mp4(tmp_path):
     height, width = library_frames(None, "rollout.frames=1", "warmup.enabled=false").shape[1:3]
 
-    result = ardiff(tmp_path, "rollout", "--frames", 12, "--fps", 8)
+    result = installed(tmp_path, "rollout", "--frames", 12, "--fps", 8)
 
     assert result.returncode == 0, result.stderr
     frames, rate = decode(tmp_path / "ardiff_out.mp4")
@@ -146,7 +155,7 @@ def test_npy_and_png_folder_hold_exactly_the_library_frames(tmp_path):
     npy = ardiff(tmp_path, "rollout", TINY_DIT_CONFIG, "--frames", 5, "--seed", 3, "-o", "out.npy")
     png = ardiff(tmp_path, "rollout", TINY_DIT_CONFIG, "--frames", 5, "--seed", 3, "-o", "pngs/")
 
-    assert npy.returncode == 0 == png.returncode, npy.stderr + png.stderr
+    assert npy.exit_code == 0 == png.exit_code, npy.stderr + png.stderr
     assert expected.shape[0] == 5 and expected.dtype == np.uint8
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), expected)
     assert sorted(p.name for p in (tmp_path / "pngs").iterdir()) == [
@@ -167,7 +176,7 @@ def test_every_format_round_trips_with_exactly_the_frames_asked_for(tmp_path, su
     result = ardiff(tmp_path, "rollout", config, "--frames", 5, "-o", name, "--fps", 8,
                     "--json", "stats.json")
 
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.stderr
     frames, rate = decode(tmp_path / name)
     assert frames.shape == (5, FRAME_SIZE, FRAME_SIZE, 3)
     assert greys(frames) == pytest.approx([i * GREY_STEP for i in range(5)], abs=FORMATS[suffix])
@@ -192,7 +201,7 @@ def test_prompt_schedule_and_inline_actions_reach_the_pipeline(tmp_path):
 
     result = ardiff(tmp_path, "rollout", config, "--frames", 14)
 
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.stderr
     blocks = read_log(log)
     assert [b["block_index"] for b in blocks] == list(range(7))
     assert [b["prompt"] for b in blocks] == ["a cat"] * 2 + ["a dog"] * 2 + ["a cow"] + [
@@ -212,7 +221,7 @@ def test_actions_file_reaches_the_pipeline_and_wins_over_the_config(tmp_path):
 
     result = ardiff(tmp_path, "rollout", config, "--frames", 8, "--actions", "acts.yaml")
 
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.stderr
     assert [b["actions"] for b in read_log(log)] == [["right"], ["none", "up"], ["down"],
                                                     ["right"]]
 
@@ -227,7 +236,7 @@ def test_several_prompts_give_one_output_each(tmp_path, interleave):
                     "--set", f"rollout.interleave={str(interleave).lower()}",
                     "--json", "stats.json")
 
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.stderr
     order = [(b["session_id"], b["prompt"]) for b in read_log(log)]
     cat, dog = ("stream-0", "a cat"), ("stream-1", "a dog")
     assert order == ([cat, dog, cat, dog] if interleave else [cat, cat, dog, dog])
@@ -250,7 +259,7 @@ def test_a_failure_at_block_k_keeps_the_earlier_frames(tmp_path):
 
     result = ardiff(tmp_path, "rollout", config, "--frames", 12, "--json", "stats.json")
 
-    assert result.returncode == 1, result.stderr
+    assert result.exit_code == 1, result.stderr
     assert_one_error_line(result, "injected fault at block 2")
     frames, _rate = decode(tmp_path / "out.mp4")
     assert frames.shape[0] == 2 * FRAMES_PER_BLOCK
@@ -261,6 +270,7 @@ def test_a_failure_at_block_k_keeps_the_earlier_frames(tmp_path):
     assert stats["sessions"]["failed"] == 1
 
 
+@pytest.mark.slow
 def test_ctrl_c_leaves_a_playable_file_and_exit_130(tmp_path):
     marker = tmp_path / "blocks_done"
     config = write_config(tmp_path, "SlowPipeline",
@@ -305,7 +315,7 @@ def test_json_dash_prints_only_json_on_stdout(tmp_path):
 
     result = ardiff(tmp_path, "rollout", config, "--frames", 4, "--json", "-")
 
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.stderr
     stats = json.loads(result.stdout)  # the whole of stdout
     jsonschema.validate(stats, STATS_SCHEMA)
     assert (stats["status"], stats["exit_code"], stats["error"]) == ("ok", 0, None)
@@ -318,26 +328,15 @@ def test_quiet_prints_nothing(tmp_path):
 
     result = ardiff(tmp_path, "rollout", config, "--frames", 4, "--quiet", "--json", "stats.json")
 
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.stderr
     assert (result.stdout, result.stderr) == ("", "")
     assert load_stats(tmp_path / "stats.json")["frames"]["written"] == 4
 
 
 # -- refused before anything runs ----------------------------------------------------------------
-def test_the_installed_command_refuses_a_bad_output_path_with_exit_2(tmp_path):
-    log = tmp_path / "log.jsonl"
-    config = write_config(tmp_path, args={"log": str(log)})
-
-    result = ardiff(tmp_path, "rollout", config, "-o", "missing/out.mp4", "--json", "stats.json")
-
-    assert result.returncode == 2, result.stderr
-    assert_one_error_line(result, "output.path", "does not exist")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]
-
-
-# In-process (Typer's runner): the same command, without a torch import per case.
 REFUSALS = {
-    "missing folder": ({}, ["-o", "missing/out.mp4"], ["output.path", "does not exist"]),
+    "missing folder": ({}, ["-o", "missing/out.mp4", "--json", "stats.json"],
+                       ["output.path", "does not exist"]),
     "bad suffix": ({}, ["-o", "out.avi"], ["output.path", "unsupported suffix '.avi'"]),
     "json folder": ({}, ["--json", "missing/stats.json"], ["--json", "does not exist"]),
     "max_model_len": ({"max_model_len": 8}, ["--frames", "20"],
@@ -349,13 +348,12 @@ REFUSALS = {
 
 
 @pytest.mark.parametrize("case", list(REFUSALS))
-def test_bad_input_is_refused_with_exit_2_before_anything_runs(tmp_path, monkeypatch, case):
+def test_bad_input_is_refused_with_exit_2_before_anything_runs(tmp_path, case):
     args, flags, fragments = REFUSALS[case]
     log = tmp_path / "log.jsonl"
     config = write_config(tmp_path, args={"log": str(log), **args})
-    monkeypatch.chdir(tmp_path)
 
-    result = CliRunner().invoke(app, ["rollout", str(config), *flags])
+    result = ardiff(tmp_path, "rollout", config, *flags)
 
     assert result.exit_code == 2, result.output
     assert_one_error_line(result, *fragments)
@@ -363,6 +361,7 @@ def test_bad_input_is_refused_with_exit_2_before_anything_runs(tmp_path, monkeyp
 
 
 # -- the CI script ---------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_ci_smoke_script_passes_on_the_shipped_tiny_dit(tmp_path):
     env = {**ENV, "PATH": f"{BIN_DIR}{os.pathsep}{ENV.get('PATH', '')}"}
 

@@ -29,7 +29,7 @@ class Case:
     config_arg: str = "run.yaml"
     needs: str | None = None      # READ_ONLY or NO_CUDA
     exact: bool = True            # False: the message has machine-specific text
-    subprocess: bool = False      # also run through the installed command
+    subprocess: bool = False      # also run through the installed command (slow: keep few)
 
     @property
     def id(self) -> str:
@@ -56,7 +56,7 @@ CASES = [
          r".*\); give a UTF-8 YAML file", config=b"pipeline: \xff\xfe\n"),
     Case("YAML syntax error", 2, r"^run\.yaml: YAML syntax error at line 3, column 2: .*; fix "
          r"the YAML there", config="pipeline:\n  entry: fault_pipelines.py:FaultPipeline\n"
-         " args: {}\n", subprocess=True),
+         " args: {}\n"),
     Case("top level not a mapping", 2, r"^run\.yaml: the top level must be a mapping of "
          r"sections \(pipeline, runtime, \.\.\.\), got list", config="- pipeline\n- runtime\n"),
     Case("required key missing", 2, r"^pipeline: required key is missing; add it",
@@ -76,7 +76,7 @@ CASES = [
          config=rollout(prompt=[{"frame": 8, "prompt": "a"}])),
     # -- counts and sizes -------------------------------------------------------------------
     Case("`--frames 0`", 2, r"^rollout\.frames: 0 is invalid; it must be > 0",
-         args=("--frames", "0"), subprocess=True),
+         args=("--frames", "0")),
     Case("`--frames -3`", 2, r"^rollout\.frames: -3 is invalid; it must be > 0",
          args=("--frames", "-3")),
     Case("zero sessions", 2, r"^runtime\.max_sessions: 0 is invalid; it must be > 0",
@@ -99,8 +99,7 @@ CASES = [
              "memory_budget": 1.5}}),
     # -- the pipeline entry point and its spec --------------------------------------------
     Case("entry module missing", 2, r"^pipeline\.entry: module 'no_such_module' not found; "
-         r"check the spelling or install", config=entry("no_such_module:Pipeline"),
-         subprocess=True),
+         r"check the spelling or install", config=entry("no_such_module:Pipeline")),
     Case("entry file missing", 2, r"^pipeline\.entry: file 'missing\.py' not found \(paths are "
          r"relative to the config file's folder", config=entry("missing.py:Pipeline")),
     Case("entry attribute missing", 2, r"^pipeline\.entry: '.*fault_pipelines\.py' has no "
@@ -190,7 +189,7 @@ CASES = [
          r"'float32', 'bfloat16', 'float16'", args=("--dtype", "fp8")),
     Case("CUDA requested where none exists", 2, r"^runtime\.device: 'cuda' was requested but "
          r"CUDA is not available on this machine; use --device cpu", args=("--device", "cuda"),
-         needs=NO_CUDA, subprocess=True),
+         needs=NO_CUDA),
     Case("budget too small for one session", 3, r"^runtime\.memory_budget: 100B cannot hold one "
          r"session \(needs 1\.2KiB: 768B per session \+ 512B shared, short by 1\.2KiB\); "
          r"raise the budget to at least 1\.2KiB",
