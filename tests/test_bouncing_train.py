@@ -44,6 +44,7 @@ def test_self_rollout_ships_only_when_it_keeps_more_balls_at_96():
     assert not train.is_better({"balls_kept_30": 0.20, "balls_kept_96": 0.30}, base)
 
 
+@pytest.mark.slow  # a fresh interpreter: the module must run as `python -m`
 def test_it_runs_as_a_module():
     result = subprocess.run([sys.executable, "-m", "ardiff.pipelines.bouncing.train", "--help"],
                             capture_output=True, text=True, timeout=120)
