@@ -1,5 +1,5 @@
 """The bad-input catalogue's table: every way to get the input of `ardiff` wrong, the
-exit code and the message it must give. tests/test_catalogue.py runs each case and checks
+exit code and the message it must give. tests/cli/test_catalogue.py runs each case and checks
 README.md's "Errors and exit codes" table against it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A pipeline that goes wrong on purpose, for tests/test_faults.py and tests/test_catalogue.py.
+"""A pipeline that goes wrong on purpose, for tests/rollout/test_faults.py and tests/cli/test_catalogue.py.
 
 `FaultPipeline` is a tiny but real KV pipeline (2 layers, blocks of 2 frames of
 2 tokens, a 4-frame window with a 1-frame sink): every forward runs one probe

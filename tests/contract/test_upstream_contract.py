@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from ardiff_cli.main import app
 
-PIPELINE = Path(__file__).parent / "support" / "upstream_pipeline.py"
+PIPELINE = Path(__file__).parents[1] / "support" / "upstream_pipeline.py"
 
 
 def config(tmp_path: Path) -> Path:

@@ -385,7 +385,7 @@ def test_the_embedded_default_is_configs_default_yaml():
     """`ardiff rollout` with no config reads the packaged copy of configs/default.yaml:
     the trained world model, a scripted action path, an mp4."""
     embedded = load_config(None)
-    on_disk = load_config(Path(__file__).resolve().parents[1] / "configs" / "default.yaml")
+    on_disk = load_config(Path(__file__).resolve().parents[2] / "configs" / "default.yaml")
     assert embedded == on_disk
     assert embedded.pipeline.entry == "ardiff.pipelines.bouncing:BouncingWorld"
     assert embedded.output.path.endswith(".mp4") and embedded.rollout.actions

@@ -1,6 +1,6 @@
 """The runner's warmup (DESIGN §5) and Runner.from_config: load before measuring and planning.
 
-Same probe pipelines as tests/test_runner.py (tests/support/probe_pipeline.py).
+Same probe pipelines as tests/engine/test_runner.py (tests/support/probe_pipeline.py).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from ardiff.engine.build import build_runner
 from ardiff.kv.state import open_state
 from ardiff.engine.runner import WARMUP_SESSION_ID, Runner
 
-PIPELINES_FILE = Path(__file__).parent / "support" / "probe_pipeline.py"
+PIPELINES_FILE = Path(__file__).parents[1] / "support" / "probe_pipeline.py"
 
 import probe_pipeline as probe
 from runner_support import (HISTORY_PAGES, frame_ids, make_runner, pages_in_use,

@@ -1,4 +1,4 @@
-"""Rollout statistics (ardiff/stats.py): percentiles, rates, and the JSON form and its schema."""
+"""Rollout statistics (ardiff/rollout/report.py): percentiles, rates, and the JSON form and its schema."""
 
 from __future__ import annotations
 

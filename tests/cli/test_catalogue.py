@@ -38,7 +38,7 @@ from typer.testing import CliRunner
 
 from ardiff_cli.main import app
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 INPUT_FILES = (REPO / "tests" / "support" / "fault_pipelines.py",
                REPO / "tests" / "support" / "spec_pipelines.py")

@@ -14,7 +14,7 @@ from ardiff.config.run import load_config
 from ardiff.engine.build import build_runner
 from ardiff.engine.runner import Runner
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "plugin_world_model.py"
 CONFIG = REPO / "configs" / "plugin-world.yaml"
 

@@ -1,4 +1,4 @@
-"""ardiff/loader.py: the three kinds of entry point, and every way building a pipeline fails."""
+"""ardiff/engine/loader.py: the three kinds of entry point, and every way building a pipeline fails."""
 
 from __future__ import annotations
 

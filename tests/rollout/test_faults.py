@@ -11,7 +11,7 @@ simulated: the encoder's frame write raises OSError(ENOSPC) after some frames.
 The table "Run failures" in README.md is FAULTS (one row per distinct row text);
 `test_the_readme_table_is_the_fault_list` prints it to paste when they differ. The
 same refusals through the installed command are in tests/cli/test_rollout.py
-(failure at block k, Ctrl-C); the runner's side of each fault in tests/test_runner.py.
+(failure at block k, Ctrl-C); the runner's side of each fault in tests/engine/test_runner.py.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from ardiff.video import encoders
 from ardiff.rollout.report import STATS_SCHEMA
 from ardiff_cli.main import app
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 FAULT_PIPELINES = REPO / "tests" / "support" / "fault_pipelines.py"
 

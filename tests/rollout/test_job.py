@@ -1,7 +1,5 @@
-"""The rollout job, in-process: plan and loop (ardiff/rollout.py), run_rollout (ardiff/job.py).
-
-(Named test_job.py: a tests/test_rollout.py would clash with tests/cli/test_rollout.py
-under pytest's default import mode, as tests/ has no __init__.py files.)
+"""The rollout job, in-process: plan and loop (ardiff/rollout/streams.py), run_rollout
+(ardiff/rollout/job.py).
 
 Plans are pure: streams, outputs, switch blocks, actions, position and capacity
 checks. Rollouts run small real pipelines through the Runner: the recording
@@ -29,7 +27,7 @@ from ardiff.engine.build import build_runner
 from ardiff.engine.runner import Runner
 from ardiff.rollout.report import STATS_SCHEMA
 
-PIPELINES_DIR = Path(__file__).parent / "support"
+PIPELINES_DIR = Path(__file__).parents[1] / "support"
 
 import rollout_pipelines as recording
 

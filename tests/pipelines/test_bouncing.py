@@ -26,7 +26,7 @@ from ardiff.pipelines.bouncing.config import BouncingConfig
 from ardiff.kv.state import open_state
 from ardiff.engine.runner import Runner
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 HELD_OUT_SEEDS = range(900_000, 900_006)   # worlds never drawn in training
 CONTEXT = BouncingConfig().context_frames
