@@ -46,10 +46,9 @@ def make_config(tmp_path: Path, entry: str = "RecordingPipeline", args: dict | N
     return build_config(data, base_dir=tmp_path)
 
 
-def make_plan(tmp_path: Path, capacity: int | None = None, spec_fields: dict | None = None,
-              **rollout):
+def make_plan(tmp_path: Path, spec_fields: dict | None = None, **rollout):
     spec = recording.RecordingPipeline(**(spec_fields or {})).spec
-    return plan_rollout(make_config(tmp_path, **rollout), spec, FRAMES_PER_BLOCK, capacity)
+    return plan_rollout(make_config(tmp_path, **rollout), spec, FRAMES_PER_BLOCK)
 
 
 def greys(frames) -> list[int]:
@@ -121,7 +120,7 @@ def test_interleave_must_fit_every_prompt_at_once(tmp_path):
     prompts = ["a", "b", "c"]
     with pytest.raises(ConfigError, match=r"rollout.interleave: 3 prompts need 3 resident "
                                           r"sessions but the memory plan fits 2; raise"):
-        make_plan(tmp_path, capacity=2, prompts=prompts, interleave=True)
+        check_capacity(make_plan(tmp_path, prompts=prompts, interleave=True), 2)
 
     check_capacity(make_plan(tmp_path, prompts=prompts), 1)  # one after another: one at a time
     check_capacity(make_plan(tmp_path, prompts=prompts, interleave=True), 3)
