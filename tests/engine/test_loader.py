@@ -41,7 +41,7 @@ def test_module_entry_builds_with_args_as_keywords():
 
 
 def test_a_factory_function_is_an_entry_too():
-    pipeline = build("spec_pipelines:make_good_pipeline", branches=["positive", "negative"])
+    pipeline = build("spec_pipelines:make_good_pipeline", branch_names=["positive", "negative"])
     assert [b.name for b in get_spec(pipeline).kv_branches] == ["positive", "negative"]
 
 
