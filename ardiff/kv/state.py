@@ -25,22 +25,39 @@ from ardiff.kv.session import SessionKV
 
 
 class Block:
-    """One block in flight on one branch; `attend` once per layer (per probe step)."""
+    """One block in flight on one branch; `attend` once per layer (per probe step).
+
+    Alive only inside its `with state.block(...)`: once that ends (committed or
+    not) its pages belong to the history or the pool again, and any use raises."""
 
     def __init__(self, state: KVState, branch: str, kv: BlockKV, num_frames: int,
                  commit: bool) -> None:
         self._state, self._kv = state, kv
         self.branch, self.num_frames, self.is_commit = branch, num_frames, commit
         self.attended_layers: set[int] = set()
+        self.is_finished = False
+
+    def finish(self) -> None:
+        """End the block's life (its `with` is over); later use raises. Safe to call twice."""
+        self.is_finished = True
+
+    def _check_alive(self) -> None:
+        self._state.check_open()
+        if self.is_finished:
+            raise KVStateError(f"block on branch {self.branch!r} used after its `with` ended; "
+                               f"its pages are history or free again: attend inside the "
+                               f"`with state.block(...)` that made it")
 
     @property
     def start_frame(self) -> int:
         """Absolute index of the block's first frame (its RoPE position)."""
+        self._check_alive()
         return self._kv.start_frame
 
     @property
     def visible_frames(self) -> list[int]:
         """Absolute indices of the history frames this block attends to."""
+        self._check_alive()
         return list(self._kv.visible_frames)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -52,7 +69,7 @@ class Block:
         num_kv_heads, head_size]; extra_k/v: [n, num_kv_heads, head_size] register
         tokens (never committed). Raises `KVStateError` on any mismatch.
         """
-        self._state.check_open()
+        self._check_alive()
         self._check_layer(layer)
         checks = self._state.checks
         checks.query(layer, q)
@@ -167,6 +184,7 @@ class KVState:
         self.check_open()
         num_frames = self._check_num_frames(num_frames)
         slot = self._session.claim_slot(branch)
+        self._check_positions(branch, num_frames)
         self._cache.open_slot(slot, branch)
         try:
             kv = self._session.branch(branch).begin(num_frames)
@@ -177,11 +195,24 @@ class KVState:
                     self.check_open()  # a released session's table must not take pages
                     blk.check_complete()
             except BaseException:
+                blk.finish()
                 kv.abort()
                 raise
+            blk.finish()
             kv.commit() if commit else kv.abort()
         finally:
             self._cache.close_slot(slot)
+
+    def _check_positions(self, branch: str, num_frames: int) -> None:
+        """Positions are absolute: a block past `max_model_len` would index past the model's
+        position tables, so it is refused here too, not only by the rollout's plan."""
+        start = self._session.num_committed_frames(branch)
+        limit = self.spec.max_model_len
+        if start + num_frames > limit:
+            last = start + num_frames - 1
+            raise KVStateError(f"block on branch {branch!r} at frames {start}..{last} passes the "
+                               f"spec's max_model_len={limit}; reset the session (or close it) "
+                               f"before it reaches {limit} frames")
 
     def _check_num_frames(self, num_frames: int | None) -> int:
         limit = self.spec.frames_per_block

@@ -323,3 +323,51 @@ def test_unknown_backend():
     with pytest.raises(KVStateError, match=r"runtime.kv.backend: 'sparse' is not a backend; "
                                            r"use paged or dense"):
         create_cache(plan_for(spec_()), "sparse")
+
+
+# -- a block lives only inside its `with` ----------------------------------------------------
+@pytest.mark.parametrize("commit", [False, True])
+def test_a_block_is_dead_after_its_with(backend, commit):
+    cache = cache_(backend)
+    state = open_state(cache, "s")
+    commit_block(state)
+    with state.block("main", commit=commit) as kept:
+        for layer in range(L):
+            kept.attend(layer, *qkv())
+    pages = used_pages(cache)
+    message = r"block on branch 'main' used after its `with` ended; its pages are history or free"
+    for use in (lambda: kept.attend(0, *qkv()), lambda: kept.start_frame,
+                lambda: kept.visible_frames):
+        with pytest.raises(KVStateError, match=message):
+            use()
+    assert used_pages(cache) == pages  # nothing was read or written through the dead block
+    assert state.num_committed_frames("main") == (2 * B if commit else B)
+
+
+def test_a_block_is_dead_after_its_with_raised(backend):
+    state = open_state(cache_(backend), "s")
+    with pytest.raises(RuntimeError, match="inside"):
+        with state.block("main", commit=True) as kept:
+            raise RuntimeError("inside")
+    with pytest.raises(KVStateError, match="used after its `with` ended"):
+        kept.attend(0, *qkv())
+    assert state.num_committed_frames("main") == 0
+
+
+# -- positions past max_model_len --------------------------------------------------------------
+def test_a_block_past_max_model_len_is_refused_at_run_time(backend):
+    import dataclasses
+
+    spec = dataclasses.replace(spec_(), max_model_len=5)  # two blocks of 2 fit, the third not
+    cache = cache_(backend, spec)
+    state = open_state(cache, "s")
+    commit_block(state)
+    commit_block(state)
+    with pytest.raises(KVStateError, match=r"block on branch 'main' at frames 4\.\.5 passes the "
+                                           r"spec's max_model_len=5; reset the session"):
+        with state.block("main", commit=False):
+            pass
+    with state.block("main", commit=True, num_frames=1) as blk:  # frame 4 still fits
+        for layer in range(L):
+            blk.attend(layer, *qkv(num_frames=1))
+    assert state.num_committed_frames("main") == 5

@@ -229,6 +229,31 @@ class FailingForwardPipeline(ProbePipeline):
         raise RuntimeError(f"injected fault at block {request.block_index} ({stage})")
 
 
+class StaleBlockPipeline(ProbePipeline):
+    """Keeps block `stale_at_block`'s commit block and attends through it after its `with`
+    ended, as a buggy pipeline might (the pages behind it are history or free by then)."""
+
+    def __init__(self, stale_at_block: int = 1, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.stale_at_block = stale_at_block
+        self.kept_block = None
+
+    def _attend_all(self, blk, request: ardiff.RolloutRequest, stage: str) -> None:
+        super()._attend_all(blk, request, stage)
+        if stage == "commit":
+            self.kept_block = blk
+
+    def generate_block(self, request: ardiff.RolloutRequest, state) -> ardiff.BlockOutput:
+        output = super().generate_block(request, state)
+        if request.block_index == self.stale_at_block:
+            s = self.spec
+            q = torch.zeros(1, s.num_kv_heads, s.head_size, dtype=self.dtype, device=self.device)
+            k = torch.zeros(s.frames_per_block * s.tokens_per_frame, s.num_kv_heads,
+                            s.head_size, dtype=self.dtype, device=self.device)
+            self.kept_block.attend(0, q, k, k)
+        return output
+
+
 class FailingHooksPipeline(FailingForwardPipeline):
     """Its reset and/or close hooks drop their state, then raise (a half-failed cleanup)."""
 
