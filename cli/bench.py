@@ -12,7 +12,8 @@ from pathlib import Path
 
 import typer
 
-from ardiff_cli import options, render
+from ardiff.errors import EXIT_FAILED
+from ardiff_cli import options, render, signals
 from ardiff_cli.errors import handle_errors
 
 
@@ -57,21 +58,35 @@ def bench_command(
                                   help="Write the numbers as JSON to PATH ('-': stdout)."),
     debug: bool = options.DebugOpt,
 ) -> None:
-    """Measure the paged KV runtime against the dense reference on one pipeline."""
-    from ardiff.bench import run_bench  # imports torch
-    from ardiff.config.run import load_config
+    """Measure the paged KV runtime against the dense reference on one pipeline.
 
+    `--json PATH` is checked before anything runs. SIGINT, SIGTERM and SIGHUP stop the
+    measurements at once (no numbers are written): exit 130.
+    """
     sweep = _parse_sweep(sweep_frames)
-    with handle_errors(debug):
-        run_config = load_config(config, list(overrides or []))
-        report = run_bench(run_config, blocks, repeats, sweep, encode=not no_encode,
-                           on_progress=lambda msg: print(f"bench: {msg}", file=sys.stderr))
-        data = report.to_dict()
-        data["startup_s"] = {"help": startup_seconds(["--help"]),
-                             "inspect_spec": startup_seconds(["inspect-spec", str(config)])}
+    with signals.StopSignals() as stop_signals:
+        with handle_errors(debug):
+            options.check_json_path(json_path, config)
+            from ardiff.bench import run_bench  # imports torch
+            from ardiff.config.run import load_config
+
+            run_config = load_config(config, list(overrides or []))
+            report = run_bench(run_config, blocks, repeats, sweep, encode=not no_encode,
+                               on_progress=lambda msg: print(f"bench: {msg}", file=sys.stderr))
+            data = report.to_dict()
+            data["startup_s"] = {"help": startup_seconds(["--help"]),
+                                 "inspect_spec": startup_seconds(["inspect-spec", str(config)])}
+        stop_signals.hold()  # the numbers are written whatever comes now
+        _emit(data, json_path)
+
+
+def _emit(data: dict, json_path: str | None) -> None:
+    """The JSON (stdout or a file) and the table; exit 1 when the file cannot be written."""
     if json_path == "-":
         print(json.dumps(data, indent=2))
-    else:
-        if json_path:
-            Path(json_path).write_text(json.dumps(data, indent=2) + "\n")
-        render.print_bench(data)
+        return
+    json_error = options.write_json_file(json_path, data) if json_path else None
+    render.print_bench(data)
+    if json_error:
+        print(f"error: {json_error}", file=sys.stderr)
+        raise typer.Exit(EXIT_FAILED)

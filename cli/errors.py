@@ -9,12 +9,19 @@ from typing import Iterator
 
 import typer
 
-from ardiff.errors import EXIT_INTERRUPTED, ArdiffError
+from ardiff.errors import EXIT_FAILED, EXIT_INTERRUPTED, ArdiffError
 
 
 @contextlib.contextmanager
 def handle_errors(debug: bool) -> Iterator[None]:
-    """Turn ardiff errors into `error: ...` on stderr and their exit code (DESIGN §7)."""
+    """Turn ardiff errors into `error: ...` on stderr and their exit code (DESIGN §7).
+
+    KeyboardInterrupt (Ctrl-C, or a signal through `ardiff_cli.signals`) is `error:
+    interrupted [by SIGNAL]`, exit 130. SystemExit while loading or running a pipeline
+    comes from its code (ardiff never exits): a failure, exit 1, not the pipeline's code.
+    Commands write their output outside this block, where SystemExit keeps its meaning
+    (Rich ends with exit 1 when stdout is a closed pipe).
+    """
     try:
         yield
     except ArdiffError as exc:
@@ -22,9 +29,17 @@ def handle_errors(debug: bool) -> Iterator[None]:
             traceback.print_exc()
         print(f"error: {_one_line(str(exc))}", file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        by = f" by {exc}" if str(exc) else ""
+        print(f"error: interrupted{by}", file=sys.stderr)
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    except SystemExit as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"error: pipeline: exit({exc.code!r}) was called while loading or running the "
+              f"pipeline (ardiff never calls it); a pipeline must raise an exception, not exit "
+              f"the process", file=sys.stderr)
+        raise typer.Exit(EXIT_FAILED) from None
 
 
 def _one_line(message: str) -> str:

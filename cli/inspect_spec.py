@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ardiff_cli import options, render
+from ardiff_cli import options, render, signals
 from ardiff_cli.errors import handle_errors
 
 
@@ -22,10 +22,12 @@ def inspect_spec_command(
     """Show the KV spec a pipeline declares and the memory plan for it (dry run)."""
     from ardiff.engine.build import inspect_spec  # the config layer: only when the command runs
 
-    with handle_errors(debug):
-        report = inspect_spec(options.load_run_config(config, overrides, {
-            "runtime.memory_budget": budget, "runtime.dtype": dtype,
-            "runtime.kv.page_tokens": page_tokens, "runtime.device": device}))
+    with signals.StopSignals() as stop_signals:
+        with handle_errors(debug):
+            report = inspect_spec(options.load_run_config(config, overrides, {
+                "runtime.memory_budget": budget, "runtime.dtype": dtype,
+                "runtime.kv.page_tokens": page_tokens, "runtime.device": device}))
+        stop_signals.hold()  # the report is written whatever comes now
         if as_json:
             print(json.dumps(report.to_dict(), indent=2))
         else:

@@ -1,11 +1,22 @@
-"""The `ardiff` root: a short app that registers one module per command."""
+"""The `ardiff` root: a short app that registers one module per command.
+
+Exit codes (ardiff.errors): 0 ok, 1 the run failed, 2 bad usage, config or spec, 3 does not
+fit in memory, 130 interrupted (SIGINT, SIGTERM or SIGHUP: see ardiff_cli.signals). Output
+that cannot be written to stdout (a closed pipe as in `ardiff rollout --json - | head -c 10`,
+a full disk) ends the command with exit 1 and no traceback: silently for a closed pipe,
+with one `error: stdout: ...` line otherwise. Files the command wrote (videos, `--json
+PATH`) are complete by then.
+"""
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 
 import typer
 
+from ardiff.errors import EXIT_FAILED, EXIT_INTERRUPTED
 from ardiff_cli import bench, config_schema, inspect_spec, rollout, warmup
 
 app = typer.Typer(
@@ -24,11 +35,31 @@ app.command("config-schema")(config_schema.config_schema_command)
 
 @app.callback()
 def _root() -> None:
-    """Exit codes: 0 ok, 1 run failed, 2 bad usage/config/spec, 3 does not fit, 130 interrupted."""
+    """Exit codes: 0 ok, 1 run failed (or stdout unwritable), 2 bad usage/config/spec, 3 does
+    not fit, 130 interrupted (SIGINT, SIGTERM, SIGHUP)."""
 
 
 def main() -> None:
-    """Entry point of the `ardiff` script: usage errors become one `error:` line, exit 2."""
+    """Entry point of the `ardiff` script: usage errors become one `error:` line, exit 2;
+    stdout that cannot be written, exit 1 (see the module docstring)."""
+    stdout = sys.stdout
+    sys.stdout = _MarkedStdout(stdout)
+    try:
+        code = _run_app()
+        sys.stdout.flush()  # now, not at interpreter exit where an error cannot be handled
+    except OSError as exc:
+        if not getattr(exc, STDOUT_MARK, False):
+            raise
+        code = _stdout_failed(stdout, exc)
+    except KeyboardInterrupt:  # Ctrl-C before a command installed its handlers
+        print("error: interrupted", file=sys.stderr)
+        code = EXIT_INTERRUPTED
+    finally:
+        sys.stdout = stdout
+    sys.exit(code)
+
+
+def _run_app() -> int:
     try:
         code = app(standalone_mode=False)
     except Exception as exc:  # Typer's (click's) usage errors; ardiff's are handled per command
@@ -39,4 +70,51 @@ def main() -> None:
             command = exc.ctx.command_path if getattr(exc, "ctx", None) else "ardiff"
             print(f"error: {message} (see `{command} --help`)", file=sys.stderr)
         code = exc.exit_code
-    sys.exit(code if isinstance(code, int) else 0)
+    return code if isinstance(code, int) else 0
+
+
+STDOUT_MARK = "ardiff_stdout"  # set on an OSError raised by writing stdout
+
+
+class _MarkedStdout:
+    """sys.stdout as it is, except that its write errors carry STDOUT_MARK, so `main` tells
+    a closed pipe or a full disk behind stdout from any other OSError (a bug: a traceback)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text):
+        return self._marked(self._stream.write, text)
+
+    def writelines(self, lines):
+        return self._marked(self._stream.writelines, lines)
+
+    def flush(self):
+        return self._marked(self._stream.flush)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+    @staticmethod
+    def _marked(call, *args):
+        try:
+            return call(*args)
+        except OSError as exc:
+            setattr(exc, STDOUT_MARK, True)
+            raise
+
+
+def _stdout_failed(stdout, exc: OSError) -> int:
+    """End quietly: stdout goes to /dev/null (so the exit flush cannot fail again), one line
+    on stderr unless the reader just went away, exit 1."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):  # no descriptor (a test's captured stream)
+        pass
+    if exc.errno != errno.EPIPE:
+        print(f"error: stdout: cannot write ({type(exc).__name__}: {exc}); files already "
+              f"written are complete; check free disk space or where stdout goes",
+              file=sys.stderr)
+    return EXIT_FAILED

@@ -37,7 +37,35 @@ def flag_overrides(**flags: object) -> list[str]:
 
 def load_run_config(config: Optional[Path], overrides: Optional[List[str]],
                     flags: dict[str, object]):
-    """The run config: the file (None: the embedded default), then `--set`, then the flags."""
+    """The run config: the file (None: the embedded default; `~` expanded), then `--set`,
+    then the flags."""
     from ardiff.config.run import load_config
 
+    config = None if config is None else config.expanduser()
     return load_config(config, [*(overrides or []), *flag_overrides(**flags)])
+
+
+def check_json_path(json_path: Optional[str], config: Optional[Path] = None) -> None:
+    """A `--json PATH` must be writable before any work starts, or the numbers would be lost
+    after it, and must not be the config the command reads ('-' is stdout, None no JSON).
+    Raises ConfigError / OutputPathError (exit 2) naming `--json`. The rules live with the
+    rollout's other paths (ardiff.rollout.paths), so every command applies the same ones."""
+    if json_path in (None, "-"):
+        return
+    from ardiff.rollout.paths import check_run_paths, check_stats_file
+
+    check_stats_file(json_path)
+    if config is not None:
+        check_run_paths([("--json", json_path)], [("config", config)])
+
+
+def write_json_file(json_path: str, data: dict, kept: str = "") -> Optional[str]:
+    """Write `data` to the `--json` file; returns why it could not be (disk full...), else
+    None. `kept` says what survives, e.g. "the video is kept; "."""
+    path = Path(json_path).expanduser()
+    try:
+        path.write_text(json.dumps(data, indent=2) + "\n")
+    except OSError as exc:
+        return (f"--json: cannot write {str(path)!r} ({type(exc).__name__}: {exc}); {kept}"
+                f"check free disk space and permissions")
+    return None

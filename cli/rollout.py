@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -11,8 +10,8 @@ from typing import Optional
 
 import typer
 
-from ardiff.errors import EXIT_FAILED, ConfigError
-from ardiff_cli import options, progress, render
+from ardiff.errors import EXIT_FAILED
+from ardiff_cli import options, progress, render, signals
 from ardiff_cli.errors import handle_errors
 
 
@@ -20,22 +19,12 @@ def _absolute(path: Optional[Path]) -> Optional[str]:
     return None if path is None else str(path.expanduser().resolve())
 
 
-def _check_json_path(json_path: Optional[str]) -> None:
-    """The stats file must be writable before the run, or the stats would be lost after it."""
-    if json_path in (None, "-"):
-        return
-    path = Path(json_path).expanduser()
-    folder = path.parent
-    if not folder.is_dir():
-        raise ConfigError(f"--json: {json_path!r} is in a folder that does not exist "
-                          f"({str(folder)!r}); create it first or pick another path")
-    if path.is_dir():
-        raise ConfigError(f"--json: {json_path!r} is a folder; give a file name like "
-                          f"{str(path / 'stats.json')!r}")
-    writable = os.access(path, os.W_OK) if path.exists() else os.access(folder, os.W_OK | os.X_OK)
-    if not writable:
-        raise ConfigError(f"--json: {json_path!r} is not writable; fix the permissions of the "
-                          f"file or of its folder {str(folder)!r}, or pick another path")
+def _check_json_path(json_path: Optional[str], config: Optional[Path], run_config) -> None:
+    """Before any work: the stats file is writable (or the stats would be lost after the
+    run), and no file is both written and read (`--json`, outputs, the config, inputs)."""
+    from ardiff.rollout.paths import check_rollout_paths
+
+    check_rollout_paths(run_config, config_file=config, stats_file=json_path)
 
 
 def rollout_command(
@@ -59,19 +48,38 @@ def rollout_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no summary."),
     debug: bool = options.DebugOpt,
 ) -> None:
-    """Generate a video block by block over the paged KV cache (no CONFIG: the embedded default)."""
-    from ardiff.rollout.job import run_rollout  # imports the runtime only when a rollout runs
+    """Generate a video block by block over the paged KV cache (no CONFIG: the embedded default).
 
-    with handle_errors(debug):
-        _check_json_path(json_path)
-        run_config = options.load_run_config(config, overrides, {
-            "output.path": output, "rollout.frames": frames, "rollout.seed": seed,
-            "rollout.prompt": prompt, "rollout.prompts": _absolute(prompts),
-            "rollout.actions": _absolute(actions), "output.fps": fps, "runtime.device": device,
-            "runtime.dtype": dtype, "runtime.memory_budget": budget})
-        show = progress.wants_progress(no_progress or quiet)
-        with progress.RolloutProgress(enabled=show) as bar:
-            report = run_rollout(run_config, on_event=bar.update)
+    SIGINT, SIGTERM and SIGHUP stop it (ardiff_cli.signals): while loading or warming up at
+    once, during the rollout after the block in flight. The videos are finalised with every
+    finished frame and the stats written (`interrupted by SIGTERM`), exit 130; a further
+    signal waits for that.
+    """
+    with signals.StopSignals() as stop_signals:
+        with handle_errors(debug):
+            from ardiff.rollout.job import RolloutStop, run_rollout  # imports the runtime
+
+            run_config = options.load_run_config(config, overrides, {
+                "output.path": output, "rollout.frames": frames, "rollout.seed": seed,
+                "rollout.prompt": prompt, "rollout.prompts": _absolute(prompts),
+                "rollout.actions": _absolute(actions), "output.fps": fps,
+                "runtime.device": device, "runtime.dtype": dtype,
+                "runtime.memory_budget": budget})
+            _check_json_path(json_path, config, run_config)
+            stop = RolloutStop()
+            stop_signals.follow(stop)
+            show = progress.wants_progress(no_progress or quiet)
+            with progress.RolloutProgress(enabled=show) as bar:
+                report = run_rollout(run_config, on_event=bar.update, stop=stop)
+        stop_signals.hold()  # the stats and the summary are written whatever comes now
+        if stop_signals.received and report.status == "ok":
+            print(f"{stop_signals.received} came too late to stop anything: the run completed",
+                  file=sys.stderr)
+        _finish(report, json_path, quiet, debug)
+
+
+def _finish(report, json_path: Optional[str], quiet: bool, debug: bool) -> None:
+    """Print and write what the run left; exit with its code (1 if only the stats failed)."""
     json_error = _emit(report, json_path, quiet)
     if report.status != "ok":
         if json_error:
@@ -94,16 +102,8 @@ def _emit(report, json_path: Optional[str], quiet: bool) -> Optional[str]:
     if json_path == "-":
         print(json.dumps(data, indent=2))
     elif json_path:
-        json_error = _write_json(Path(json_path).expanduser(), data)
+        json_error = options.write_json_file(json_path, data, kept="the video is kept; ")
     if not quiet:
         render.print_rollout(data, to_stderr=json_path == "-")
     return json_error
 
-
-def _write_json(path: Path, data: dict) -> Optional[str]:
-    try:
-        path.write_text(json.dumps(data, indent=2) + "\n")
-    except OSError as exc:  # e.g. the disk filled up during the run
-        return (f"--json: cannot write {str(path)!r} ({type(exc).__name__}: {exc}); the video "
-                f"is kept; check free disk space and permissions")
-    return None

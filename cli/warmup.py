@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from ardiff.errors import WarmupError
-from ardiff_cli import options, render
+from ardiff_cli import options, render, signals
 from ardiff_cli.errors import handle_errors
 
 
@@ -21,24 +21,35 @@ def warmup_command(
     as_json: bool = options.JsonOpt,
     debug: bool = options.DebugOpt,
 ) -> None:
-    """Run the pipeline's warmup requests and check that every KV page came back."""
-    from ardiff.engine.build import build_runner  # imports torch: only when the command runs
+    """Run the pipeline's warmup requests and check that every KV page came back.
 
-    with handle_errors(debug):
-        runner = build_runner(options.load_run_config(config, overrides, {
-            "runtime.device": device, "runtime.dtype": dtype, "runtime.memory_budget": budget}))
-        try:
-            report = runner.warmup()
-        finally:
-            runner.close()
+    SIGINT, SIGTERM and SIGHUP stop it at once (nothing is written): exit 130.
+    """
+    with signals.StopSignals() as stop_signals:
+        with handle_errors(debug):
+            from ardiff.engine.build import build_runner  # imports torch: only when it runs
+
+            runner = build_runner(options.load_run_config(config, overrides, {
+                "runtime.device": device, "runtime.dtype": dtype,
+                "runtime.memory_budget": budget}))
+            try:
+                report = runner.warmup()
+            finally:
+                runner.close()
+        stop_signals.hold()  # the summary is written whatever comes now
         summary = render.warmup_summary(runner, report)
         if as_json:
             print(json.dumps(summary, indent=2))
         else:
             render.print_warmup(summary)
-        if report.leaked_pages:
-            raise WarmupError(f"warmup leaked {report.leaked_pages} KV pages (in use "
-                              f"{report.pages_in_use_before} before, {report.pages_in_use_after} "
-                              f"after); the pipeline or ardiff holds pages it should give back")
+        with handle_errors(debug):
+            _check_pages(report)
         if report.skipped_reason and not as_json:
             typer.echo(f"warmup skipped: {report.skipped_reason}", err=True)
+
+
+def _check_pages(report) -> None:
+    if report.leaked_pages:
+        raise WarmupError(f"warmup leaked {report.leaked_pages} KV pages (in use "
+                          f"{report.pages_in_use_before} before, {report.pages_in_use_after} "
+                          f"after); the pipeline or ardiff holds pages it should give back")

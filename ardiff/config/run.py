@@ -9,11 +9,17 @@ The sections are pydantic dataclasses: pydantic checks the types (strictly: `"12
 is not an integer, `1` is not `true`), the bounds and the unknown keys, and
 `ardiff.config.schema` turns what it finds into one `ConfigError` line. The same
 classes give the JSON Schema editors use (`config_json_schema`).
+
+Every number has bounds, so what passes here does not fail later: counts and sizes have
+a ceiling (`MAX_FRAMES`, `MAX_SEED`, ...; README "Configs" lists them with their reasons),
+floats are finite. Text is valid Unicode without NUL (`ardiff.config.text`). YAML is read
+with limits (`ardiff.config.yaml_loader`): no duplicate keys, no alias bombs.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import re
 from dataclasses import field
 from importlib import resources
@@ -21,12 +27,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import (BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt,
-                      StrictStr, ValidationInfo, field_validator)
+from pydantic import (AfterValidator, BeforeValidator, ConfigDict, Field, StrictBool,
+                      StrictFloat, StrictInt, StrictStr, ValidationInfo, field_validator)
 from pydantic.dataclasses import dataclass
 from pydantic.json_schema import SkipJsonSchema
 
 from ardiff.config import schema
+from ardiff.config.text import find_bad_text, path_problem, short_repr, shorten, text_problem
+from ardiff.config.yaml_loader import safe_load
 from ardiff.dtypes import DTYPE_BYTES, DTypeName
 from ardiff.errors import ConfigError
 from ardiff.sizes import MemoryBudget
@@ -36,8 +44,42 @@ DEVICE_PATTERN = r"^(cpu|auto|cuda(:\d+)?)$"
 # Unknown keys are errors; the docstring under a field is its description in the JSON Schema.
 _SECTION = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-Positive = Annotated[StrictInt, Field(gt=0)]
-NonNegative = Annotated[StrictInt, Field(ge=0)]
+# Bounds of the numbers a config holds (README "Configs"); past them a value is a typo.
+MAX_FRAMES = 1_000_000  # frames, positions, windows: below sampling.SEED_STRIDE (1_000_003),
+#                         so noise streams seed * stride + frame never collide, and below the
+#                         spec's default max_model_len (2**20)
+MAX_SEED = 2**32 - 1    # seed * 1_000_003 + frame must fit torch's 64-bit manual_seed
+MAX_NUM_STEPS = 1000    # the longest schedule diffusion models are trained with
+MAX_SESSIONS = 65_536   # resident sessions of one process; far above what a device holds
+MAX_PAGE_TOKENS = 2**20  # tokens of one KV page; far above any frame
+MAX_CRF = 63            # the largest crf of any codec (libvpx-vp9; libx264 stops at 51)
+MIN_FPS, MAX_FPS = 0.01, 1000.0  # every format stores these rates: a GIF delay is at most
+#                         655 s, Matroska and WebM count milliseconds, MP4 fails past ~3000
+
+FrameCount = Annotated[StrictInt, Field(gt=0, le=MAX_FRAMES)]
+FrameIndex = Annotated[StrictInt, Field(ge=0, le=MAX_FRAMES)]
+Finite = Annotated[StrictFloat, Field(allow_inf_nan=False)]
+
+
+def _is_text(text: str) -> str:
+    problem = text_problem(text)
+    if problem:
+        raise ValueError(f"{short_repr(text)} {problem}")
+    return text
+
+
+def _is_a_path(text: str) -> str:
+    problem = path_problem(text)
+    if problem:
+        raise ValueError(f"{short_repr(text)} {problem}")
+    return text
+
+
+# Text a config holds: valid Unicode (no lone surrogate) without NUL; a path also fits
+# the file systems' limits on lengths (ardiff.config.text).
+Text = Annotated[StrictStr, AfterValidator(_is_text)]
+PathText = Annotated[Text, AfterValidator(_is_a_path)]
+
 _S = TypeVar("_S")
 # A section left empty in YAML (`runtime:`) means all its defaults.
 Section = Annotated[_S, BeforeValidator(lambda value: {} if value is None else value)]
@@ -47,10 +89,19 @@ Section = Annotated[_S, BeforeValidator(lambda value: {} if value is None else v
 class PipelineConfig:
     """Which pipeline to build: `entry` is `pkg.module:attr`, `file.py:attr` or a registered name."""
 
-    entry: StrictStr
+    entry: Text
     """`pkg.module:attr`, `path/file.py:attr` (relative to the config file) or a name."""
     args: dict[Any, Any] = field(default_factory=dict)
     """Keyword arguments of the pipeline's class or factory (constructing it checks them)."""
+
+    @field_validator("args")
+    @classmethod
+    def _args_are_text(cls, args: dict[Any, Any]) -> dict[Any, Any]:
+        bad = find_bad_text(args)
+        if bad:
+            where, text, problem = bad
+            raise ValueError(f"{short_repr(text)} (at {where}) {problem}")
+        return args
 
 
 @dataclass(frozen=True, config=_SECTION)
@@ -58,9 +109,9 @@ class KVConfig:
     """Runtime overrides of the spec's window, and how the cache is stored."""
 
     backend: Literal["paged", "dense"] = "paged"
-    window_frames: Positive | None = None
-    sink_frames: NonNegative | None = None
-    page_tokens: Positive | None = None
+    window_frames: FrameCount | None = None
+    sink_frames: FrameIndex | None = None
+    page_tokens: Annotated[StrictInt, Field(gt=0, le=MAX_PAGE_TOKENS)] | None = None
     poison: StrictBool = False
     """Fill unused and freed pages with NaN so a wrong read shows (debugging aid; slower)."""
 
@@ -69,11 +120,11 @@ class KVConfig:
 class RuntimeConfig:
     """Where and how the pipeline runs, and how much memory its KV cache may take."""
 
-    device: StrictStr = Field(default="cpu", json_schema_extra={"pattern": DEVICE_PATTERN})
+    device: Text = Field(default="cpu", json_schema_extra={"pattern": DEVICE_PATTERN})
     """cpu, cuda, cuda:N or auto (CUDA when there is one)."""
     dtype: DTypeName = "float32"
     memory_budget: MemoryBudget = Field(default=0.8, validate_default=True)  # 0.8 of free memory
-    max_sessions: Positive | None = None
+    max_sessions: Annotated[StrictInt, Field(gt=0, le=MAX_SESSIONS)] | None = None
     """A cap below what the budget allows (None: as many as fit)."""
     kv: Section[KVConfig] = KVConfig()
 
@@ -105,8 +156,8 @@ class PromptSwitch:
     cross-attention K/V first, or `reset` start the session over at frame 0.
     """
 
-    frame: NonNegative
-    prompt: StrictStr
+    frame: FrameIndex
+    prompt: Text
     on_switch: Literal["keep", "clear-cross", "reset"] = "keep"
 
 
@@ -114,21 +165,21 @@ class PromptSwitch:
 class RolloutConfig:
     """What to generate. Paths to files are relative to the config file."""
 
-    frames: Positive = 48
+    frames: FrameCount = 48
     """Video frames written per prompt."""
-    seed: StrictInt = 0
-    prompt: StrictStr | list[PromptSwitch] = ""
+    seed: Annotated[StrictInt, Field(ge=0, le=MAX_SEED)] = 0
+    prompt: Text | list[PromptSwitch] = ""
     """A prompt, or a schedule of switches starting at frame 0."""
-    negative_prompt: StrictStr = ""
-    prompts: list[StrictStr] | StrictStr | None = None
+    negative_prompt: Text = ""
+    prompts: list[Text] | PathText | None = None
     """Several prompts (one video each): a list, or a file with one per line."""
     interleave: StrictBool = False
     """Run several prompts round-robin, all resident."""
-    actions: list[StrictStr | list[StrictStr]] | StrictStr | None = None
+    actions: list[Text | list[Text]] | PathText | None = None
     """One action (or several) per block, repeating; or a YAML file with the list."""
-    num_steps: Positive | None = None
+    num_steps: Annotated[StrictInt, Field(gt=0, le=MAX_NUM_STEPS)] | None = None
     """None: the pipeline's default."""
-    guidance_scale: StrictFloat = 1.0
+    guidance_scale: Finite = 1.0
 
     @field_validator("prompt")
     @classmethod
@@ -156,21 +207,28 @@ class RolloutConfig:
 class OutputConfig:
     """Where the video goes. The extension picks the format (see ardiff.video.writer)."""
 
-    path: StrictStr = "ardiff_out.mp4"
+    path: PathText = "ardiff_out.mp4"
     """Several prompts: {index} in the name, or -<index> is added."""
-    fps: StrictFloat = Field(default=16.0, json_schema_extra={"exclusiveMinimum": 0})
-    codec: StrictStr | None = None
+    fps: StrictFloat = Field(default=16.0, json_schema_extra={"minimum": MIN_FPS,
+                                                              "maximum": MAX_FPS})
+    codec: Text | None = None
     """None: the format's default (libx264, ffv1, libvpx-vp9)."""
-    crf: NonNegative | None = None
+    crf: Annotated[StrictInt, Field(ge=0, le=MAX_CRF)] | None = None
     """None: the codec's default quality."""
-    preset: StrictStr | None = None
+    preset: Text | None = None
     """x264 preset; None: veryfast."""
 
     @field_validator("fps")
     @classmethod
-    def _fps_is_positive(cls, fps: float) -> float:
-        if fps <= 0:  # checked here, not with Field(gt=0), so the message can suggest a value
+    def _fps_is_a_rate_every_format_stores(cls, fps: float) -> float:
+        # Checked here, not with Field(gt=0), so the message can suggest a value.
+        if not math.isfinite(fps):
+            raise ValueError(f"{fps!r} is invalid; it must be a finite number; try 16")
+        if fps <= 0:
             raise ValueError(f"{fps!r} must be > 0; try 16")
+        if not MIN_FPS <= fps <= MAX_FPS:
+            raise ValueError(f"{fps!r} is invalid; it must be from {MIN_FPS:g} to {MAX_FPS:g} "
+                             f"frames per second (what every output format stores); try 16")
         return fps
 
 
@@ -199,29 +257,39 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
         data, base_dir = parse_yaml(text, "<embedded default.yaml>"), Path.cwd()
     else:
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config: {str(path)!r} does not exist or is not a file; "
+        if not _is_file(path):
+            raise ConfigError(f"config: {short_repr(str(path))} does not exist or is not a file; "
                               f"check the path (or omit it to use the embedded default)")
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"config: cannot read {str(path)!r} ({type(exc).__name__}: {exc}); "
+            raise ConfigError(f"config: cannot read {short_repr(str(path))} "
+                              f"({type(exc).__name__}: {shorten(str(exc))}); "
                               f"give a UTF-8 YAML file") from exc
-        data, base_dir = parse_yaml(text, str(path)), path.resolve().parent
+        data, base_dir = parse_yaml(text, shorten(str(path))), path.resolve().parent
     return build_config(data, overrides, base_dir)
 
 
-def parse_yaml(text: str, source: str) -> dict[str, Any]:
-    """Parse YAML text into a mapping; syntax errors name line and column."""
+def _is_file(path: Path) -> bool:
     try:
-        data = yaml.safe_load(text)
+        return path.is_file()
+    except OSError as exc:  # a name too long for the file system, a loop of links...
+        raise ConfigError(f"config: cannot read {short_repr(str(path))} ({type(exc).__name__}: "
+                          f"{exc.strerror}); check the path") from exc
+
+
+def parse_yaml(text: str, source: str) -> dict[str, Any]:
+    """Parse YAML text into a mapping; syntax errors name line and column. Duplicate keys and
+    alias bombs are refused (`ardiff.config.yaml_loader`)."""
+    try:
+        data = safe_load(text, source)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown place"
-        raise ConfigError(f"{source}: YAML syntax error at {where}: {exc.problem}; "
+        raise ConfigError(f"{source}: YAML syntax error at {where}: {shorten(str(exc.problem))}; "
                           f"fix the YAML there") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: YAML error: {exc}") from exc
+        raise ConfigError(f"{source}: YAML error: {shorten(str(exc))}") from exc
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -254,11 +322,11 @@ def apply_override(data: dict[str, Any], override: str) -> None:
     """Apply one `a.b.c=value` (value parsed as YAML) to nested plain data, in place."""
     key, sep, raw = override.partition("=")
     if not sep or not key.strip() or any(part == "" for part in key.strip().split(".")):
-        raise ConfigError(f"--set: {override!r} is not KEY=VALUE; write e.g. "
+        raise ConfigError(f"--set: {short_repr(override)} is not KEY=VALUE; write e.g. "
                           f"--set runtime.kv.window_frames=12")
     parts = key.strip().split(".")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = safe_load(raw, f"--set {shorten(key.strip(), 60)}") if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     node = data
@@ -267,7 +335,8 @@ def apply_override(data: dict[str, Any], override: str) -> None:
         if child is None:
             child = node[part] = {}
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {key}: {'.'.join(parts[:i + 1])} is a value, not a "
-                              f"section; it cannot hold {parts[i + 1]!r}")
+            raise ConfigError(f"--set {shorten(key, 60)}: {shorten('.'.join(parts[:i + 1]), 60)} "
+                              f"is a value, not a section; it cannot hold "
+                              f"{short_repr(parts[i + 1])}")
         node = child
     node[parts[-1]] = value

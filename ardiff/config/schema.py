@@ -10,7 +10,8 @@ the rule and the fix:
     runtime.kv.backend: 'flat' (str) is not allowed; use one of 'paged', 'dense'
 
 Rules written as validators raise `ValueError("<value> ...; <fix>")`; the path is put
-in front here.
+in front here. A value (or a key) is quoted in at most `MAX_SHOWN_CHARS` characters
+(`ardiff.config.text`), so no message grows with the input.
 """
 
 from __future__ import annotations
@@ -22,12 +23,16 @@ from typing import Any, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
+from ardiff.config.text import key_name, short_repr
 from ardiff.errors import ConfigError
 
 T = TypeVar("T")
 
 # pydantic's words for a key a section lacks (a non-string key is "invalid").
 _UNKNOWN_KEYS = {"unexpected_keyword_argument", "invalid_key"}
+_BOUNDS = {"greater_than": (">", "gt"), "greater_than_equal": (">=", "ge"),
+           "less_than": ("<", "lt"), "less_than_equal": ("<=", "le")}
+_RULES = {"value_error", "finite_number", *_BOUNDS}
 _EXPECTED = {
     "int_type": "an integer", "bool_type": "true or false", "float_type": "a number",
     "string_type": "a string", "list_type": "a list", "dict_type": "a mapping",
@@ -79,13 +84,13 @@ class _Issue:
         where = ""
         for i, part in enumerate(self.path):
             is_key = self.kind in _UNKNOWN_KEYS and i == len(self.path) - 1
-            where += f"[{part}]" if isinstance(part, int) and not is_key else f".{part}"
+            where += f"[{part}]" if isinstance(part, int) and not is_key else f".{key_name(part)}"
         return where.removeprefix(".")
 
     def message(self, root: type) -> str:
         ctx = self.error.get("ctx", {})
         if self.kind in _UNKNOWN_KEYS:
-            return f"unknown key{_suggest(str(self.path[-1]), _known_keys(root, self.path[:-1]))}"
+            return f"unknown key{_suggest(self.path[-1], _known_keys(root, self.path[:-1]))}"
         if self.kind == "missing":
             return "required key is missing; add it to the config"
         if self.kind in _EXPECTED:
@@ -93,10 +98,11 @@ class _Issue:
         if self.kind == "literal_error":  # ctx: "'paged' or 'dense'"
             choices = ", ".join(ctx["expected"].rsplit(" or ", 1))
             return f"{_show(self.value)} is not allowed; use one of {choices}"
-        if self.kind == "greater_than":
-            return f"{self.value!r} is invalid; it must be > {ctx['gt']}"
-        if self.kind == "greater_than_equal":
-            return f"{self.value!r} is invalid; it must be >= {ctx['ge']}"
+        if self.kind in _BOUNDS:
+            rule, bound = _BOUNDS[self.kind]
+            return f"{short_repr(self.value)} is invalid; it must be {rule} {ctx[bound]}"
+        if self.kind == "finite_number":
+            return f"{short_repr(self.value)} is invalid; it must be a finite number"
         if self.kind == "value_error":  # a rule of a section, or MemoryBudget's parser
             return str(ctx["error"])
         return f"{self.error['msg']}, got {_show(self.value)}"  # pydantic's words
@@ -105,8 +111,13 @@ class _Issue:
 def _first(issues: list[_Issue]) -> _Issue:
     """The issue a reader meets first. pydantic lists a section's unknown keys after its
     values; an unknown key of the section holding the first issue (or of one around it)
-    comes before it."""
+    comes before it. Of the issues a union's members found with one value, a rule broken in
+    it (a schedule's frame out of bounds, a string that is not valid text) says more than a
+    type the value does not have."""
     first = issues[0]
+    if first.kind in _EXPECTED:
+        first = next((issue for issue in issues if issue.kind in _RULES
+                      and issue.path[:len(first.path)] == first.path), first)
     around = [issue for issue in issues if issue.kind in _UNKNOWN_KEYS
               and first.path[:len(issue.path) - 1] == issue.path[:-1]]
     return min(around, key=lambda issue: len(issue.path), default=first)
@@ -139,11 +150,14 @@ def _known_keys(root: type, path: tuple[str | int, ...]) -> list[str]:
 
 def _show(value: Any) -> str:
     kind = {dict: "a mapping", list: "a list", type(None): "nothing (null)"}.get(type(value))
-    return kind if kind else f"{value!r} ({type(value).__name__})"
+    return kind if kind else f"{short_repr(value)} ({type(value).__name__})"
 
 
-def _suggest(key: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+def _suggest(key: object, known: list[str]) -> str:
+    if not isinstance(key, str) or len(key) > 100:  # nothing is close to a long key
+        close = []
+    else:
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
     if close:
         return f"; did you mean {close[0]!r}?"
     return f"; known keys: {', '.join(known)}" if known else ""

@@ -4,7 +4,8 @@
                                           spec, apply the runtime overrides
     report = inspect_spec(config)         the first half only: resolve, then a dry-run plan
     runner = build_runner(config)         resolve, load(device, dtype), measure free memory,
-                                          plan, allocate: in that order (DESIGN §2, §4)
+                                          check the budget fits in it, plan, allocate: in
+                                          that order (DESIGN §2, §4)
 
 `inspect-spec` never calls `load` and allocates nothing; `rollout`, `warmup`
 and `bench` build their runners here, so the effective spec and the plan are
@@ -23,7 +24,8 @@ from ardiff.engine.device import free_memory_bytes, resolve_device
 from ardiff.engine.loader import build_pipeline, get_spec
 from ardiff.errors import ArdiffError, CapacityError, ConfigError, PipelineError
 from ardiff.kv.plan import KVPlan, make_plan
-from ardiff.sizes import format_bytes
+from ardiff.config.text import shorten
+from ardiff.sizes import MemoryBudget, format_bytes
 
 
 @dataclass(frozen=True)
@@ -124,8 +126,23 @@ def build_runner(config: RunConfig, resolved: ResolvedPipeline | None = None,
         _load(resolved.pipeline, device, config.runtime.dtype)
     kv = config.runtime.kv
     backend = backend or kv.backend
-    plan = resolved.plan(free_memory_bytes(device), stores_registers=backend == "paged")
+    free_bytes = free_memory_bytes(device)
+    check_budget_fits(config.runtime.memory_budget, free_bytes, device)
+    plan = resolved.plan(free_bytes, stores_registers=backend == "paged")
     return Runner(resolved.pipeline, _allocate(plan, backend, device, kv.poison), device)
+
+
+def check_budget_fits(budget: MemoryBudget, free_bytes: int, device: str) -> None:
+    """Raise `CapacityError` (exit 3) for a byte budget above what `device` has free.
+
+    The plan never exceeds the budget, so with this check nothing is allocated that the
+    device does not have, however many sessions the spec allows (a fraction of free
+    memory always fits)."""
+    if budget.num_bytes is not None and budget.num_bytes > free_bytes:
+        free = format_bytes(free_bytes, round_down=True)  # a limit the user may copy
+        raise CapacityError(
+            f"runtime.memory_budget: {budget} is more than the {free} free on {device}; lower "
+            f"runtime.memory_budget to at most {free} or give a fraction of free memory like 0.8")
 
 
 def _load(pipeline: Any, device: str, dtype: str) -> None:
@@ -140,7 +157,7 @@ def _load(pipeline: Any, device: str, dtype: str) -> None:
         raise
     except Exception as exc:
         raise PipelineError(f"pipeline: load({device!r}, {dtype}) raised "
-                            f"{type(exc).__name__}: {exc}") from exc
+                            f"{type(exc).__name__}: {shorten(str(exc))}") from exc
 
 
 def _allocate(plan: KVPlan, backend: str, device: str, poison: bool):

@@ -8,7 +8,8 @@ An entry point is one of:
 
 The attr is a class or factory called with the config's `args` as keyword
 arguments. Construction must be cheap; the optional `load(device, dtype)` hook
-is *not* called here.
+is *not* called here. Messages quote the entry, the args and what a plugin raised in
+at most `ardiff.config.text.MAX_SHOWN_CHARS` characters each.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ardiff.config.run import PipelineConfig
+from ardiff.config.text import short_repr, shorten
 from ardiff.errors import PipelineLoadError, SpecError
 from ardiff.contract import missing_pipeline_methods
 from ardiff.contract.spec import ARDiffusionKVCacheSpec
@@ -35,7 +37,7 @@ def resolve_entry(entry: str, base_dir: Path) -> Any:
     if not sep:
         return _from_entry_point_group(entry)
     if not module_part or not attr:
-        raise PipelineLoadError(f"pipeline.entry: {entry!r} is malformed; write "
+        raise PipelineLoadError(f"pipeline.entry: {short_repr(entry)} is malformed; write "
                                 f"package.module:attr, path/file.py:attr or a registered name")
     if module_part.endswith(".py"):
         module = _import_file(module_part, base_dir)
@@ -45,8 +47,9 @@ def resolve_entry(entry: str, base_dir: Path) -> Any:
         return getattr(module, attr)
     except AttributeError:
         names = [n for n in dir(module) if not n.startswith("_")]
-        raise PipelineLoadError(f"pipeline.entry: {module_part!r} has no attribute {attr!r}; "
-                                f"it defines: {', '.join(names[:12]) or 'nothing public'}") from None
+        raise PipelineLoadError(f"pipeline.entry: {short_repr(module_part)} has no attribute "
+                                f"{short_repr(attr)}; it defines: "
+                                f"{shorten(', '.join(names[:12])) or 'nothing public'}") from None
 
 
 def _import_module(name: str) -> Any:
@@ -54,19 +57,22 @@ def _import_module(name: str) -> Any:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if exc.name and name.startswith(exc.name):
-            raise PipelineLoadError(f"pipeline.entry: module {name!r} not found; check the "
-                                    f"spelling or install the package that provides it") from exc
-        raise PipelineLoadError(f"pipeline.entry: importing {name!r} failed: {exc}") from exc
+            raise PipelineLoadError(f"pipeline.entry: module {short_repr(name)} not found; "
+                                    f"check the spelling or install the package that provides "
+                                    f"it") from exc
+        raise PipelineLoadError(f"pipeline.entry: importing {short_repr(name)} failed: "
+                                f"{shorten(str(exc))}") from exc
     except Exception as exc:
-        raise PipelineLoadError(f"pipeline.entry: importing {name!r} raised "
-                                f"{type(exc).__name__}: {exc}") from exc
+        raise PipelineLoadError(f"pipeline.entry: importing {short_repr(name)} raised "
+                                f"{type(exc).__name__}: {shorten(str(exc))}") from exc
 
 
 def _import_file(relative: str, base_dir: Path) -> Any:
     path = (base_dir / relative).resolve()
-    if not path.is_file():
-        raise PipelineLoadError(f"pipeline.entry: file {str(path)!r} not found (paths are "
-                                f"relative to the config file's folder {str(base_dir)!r})")
+    if not _is_file(path):
+        raise PipelineLoadError(f"pipeline.entry: file {short_repr(str(path))} not found (paths "
+                                f"are relative to the config file's folder "
+                                f"{short_repr(str(base_dir))})")
     # A unique, stable module name per file, so two plugins called model.py do not clash.
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
     name = f"ardiff_plugin_{path.stem}_{digest}"
@@ -80,9 +86,18 @@ def _import_file(relative: str, base_dir: Path) -> Any:
         spec.loader.exec_module(module)
     except Exception as exc:
         del sys.modules[name]
-        raise PipelineLoadError(f"pipeline.entry: running {str(path)!r} raised "
-                                f"{type(exc).__name__}: {exc}") from exc
+        raise PipelineLoadError(f"pipeline.entry: running {short_repr(str(path))} raised "
+                                f"{type(exc).__name__}: {shorten(str(exc))}") from exc
     return module
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError as exc:  # a name too long for the file system, a loop of links...
+        raise PipelineLoadError(f"pipeline.entry: cannot read {short_repr(str(path))} "
+                                f"({type(exc).__name__}: {exc.strerror}); check the "
+                                f"path") from exc
 
 
 def _from_entry_point_group(name: str) -> Any:
@@ -90,31 +105,32 @@ def _from_entry_point_group(name: str) -> Any:
     if not found:
         known = sorted(ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP))
         raise PipelineLoadError(
-            f"pipeline.entry: {name!r} is not a registered pipeline (known: "
+            f"pipeline.entry: {short_repr(name)} is not a registered pipeline (known: "
             f"{', '.join(known) or 'none'}); use package.module:attr or path/file.py:attr")
     try:
         return found[0].load()
     except Exception as exc:
-        raise PipelineLoadError(f"pipeline.entry: loading registered pipeline {name!r} "
-                                f"raised {type(exc).__name__}: {exc}") from exc
+        raise PipelineLoadError(f"pipeline.entry: loading registered pipeline {short_repr(name)} "
+                                f"raised {type(exc).__name__}: {shorten(str(exc))}") from exc
 
 
 def build_pipeline(config: PipelineConfig, base_dir: Path) -> Any:
     """Build the pipeline object and check it has every protocol method."""
     factory = resolve_entry(config.entry, base_dir)
     if not callable(factory):
-        raise PipelineLoadError(f"pipeline.entry: {config.entry!r} is a "
+        raise PipelineLoadError(f"pipeline.entry: {short_repr(config.entry)} is a "
                                 f"{type(factory).__name__}, not a class or factory")
     try:
         pipeline = factory(**config.args)
     except Exception as exc:
-        raise PipelineLoadError(f"pipeline: constructing {config.entry!r} with args "
-                                f"{config.args!r} raised {type(exc).__name__}: {exc}") from exc
+        raise PipelineLoadError(f"pipeline: constructing {short_repr(config.entry)} with args "
+                                f"{short_repr(config.args)} raised {type(exc).__name__}: "
+                                f"{shorten(str(exc))}") from exc
     missing = missing_pipeline_methods(pipeline)
     if missing:
-        raise PipelineLoadError(f"pipeline: {config.entry!r} built a {type(pipeline).__name__} "
-                                f"that lacks {', '.join(missing)}; implement "
-                                f"SupportsARDiffusionPipeline and "
+        raise PipelineLoadError(f"pipeline: {short_repr(config.entry)} built a "
+                                f"{type(pipeline).__name__} that lacks {', '.join(missing)}; "
+                                f"implement SupportsARDiffusionPipeline and "
                                 f"SupportsARDiffusionBlockGeneration")
     return pipeline
 
@@ -127,7 +143,7 @@ def get_spec(pipeline: Any) -> ARDiffusionKVCacheSpec:
         raise
     except Exception as exc:
         raise PipelineLoadError(f"pipeline: ar_diffusion_kv_cache_spec() raised "
-                                f"{type(exc).__name__}: {exc}") from exc
+                                f"{type(exc).__name__}: {shorten(str(exc))}") from exc
     if not isinstance(spec, ARDiffusionKVCacheSpec):
         raise PipelineLoadError(f"pipeline: ar_diffusion_kv_cache_spec() returned a "
                                 f"{type(spec).__name__}; it must return an "

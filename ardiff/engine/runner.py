@@ -151,12 +151,18 @@ class Runner:
 
     def _fail(self, session_id: str, request: RolloutRequest, exc: BaseException,
               stage: str) -> None:
+        """Release the session, then raise: ardiff errors and KeyboardInterrupt (an interrupt)
+        as they are; anything else, `SystemExit` from a pipeline calling `sys.exit(n)`
+        included, as a PipelineError naming the session, block and stage."""
         cleanup_errors = self._release_steps(session_id, Release.FAILED)
-        if isinstance(exc, (ArdiffError, KeyboardInterrupt)) or not isinstance(exc, Exception):
+        where = f"session {session_id!r} block {request.block_index}: {stage}"
+        if isinstance(exc, (ArdiffError, KeyboardInterrupt)):
             error = exc
+        elif isinstance(exc, SystemExit):  # the pipeline must not end the process
+            error = PipelineError(f"{where} called exit({exc.code!r}); a pipeline must raise an "
+                                  f"exception, not exit the process")
         else:
-            error = PipelineError(f"session {session_id!r} block {request.block_index}: "
-                                  f"{stage} raised {type(exc).__name__}: {exc}")
+            error = PipelineError(f"{where} raised {type(exc).__name__}: {exc}")
         for cleanup_error in cleanup_errors:  # on the error that propagates, not its cause
             if hasattr(error, "add_note"):
                 error.add_note(f"while releasing session {session_id!r}: "

@@ -6,10 +6,20 @@ from pathlib import Path
 
 import yaml
 
+from ardiff.config import yaml_loader
 from ardiff.errors import ConfigError
+from ardiff.rollout.paths import check_path_text
 
 
-def _resolve(path: str, base_dir: Path) -> Path:
+def input_file(field: str, value: object, base_dir: Path) -> Path | None:
+    """The file `rollout.prompts` / `rollout.actions` names (`~` expanded, relative to
+    `base_dir`), or None when the value is inline. Raises ConfigError for a path string
+    no file can have (see `check_path_text`)."""
+    return _resolve(value, base_dir, field) if isinstance(value, str) else None
+
+
+def _resolve(path: str, base_dir: Path, field: str) -> Path:
+    check_path_text(field, path)
     candidate = Path(path).expanduser()
     return candidate if candidate.is_absolute() else base_dir / candidate
 
@@ -20,7 +30,7 @@ def read_prompts(prompts: list[str] | str | None, base_dir: Path) -> list[str] |
         if prompts == []:
             raise ConfigError("rollout.prompts: the list is empty; give at least one prompt")
         return prompts
-    path = _resolve(prompts, base_dir)
+    path = _resolve(prompts, base_dir, "rollout.prompts")
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
@@ -43,7 +53,7 @@ def read_actions(actions: list | str | None,
         return None
     where = "rollout.actions"
     if isinstance(actions, str):
-        where, actions = _load_actions_file(_resolve(actions, base_dir))
+        where, actions = _load_actions_file(_resolve(actions, base_dir, "rollout.actions"))
     if not isinstance(actions, list) or not actions:
         raise ConfigError(f"{where}: expected a non-empty list of actions, got {actions!r}")
     return tuple(_action_entry(entry, f"{where}[{i}]") for i, entry in enumerate(actions))
@@ -52,7 +62,7 @@ def read_actions(actions: list | str | None,
 def _load_actions_file(path: Path) -> tuple[str, object]:
     where = f"rollout.actions ({path})"
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml_loader.safe_load(path.read_text(encoding="utf-8"), where)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"rollout.actions: cannot read {str(path)!r} ({exc.__class__.__name__}"
                           f"); give a UTF-8 YAML file with a list of actions") from exc
@@ -75,7 +85,15 @@ def _action_entry(entry: object, where: str) -> tuple[str, ...]:
 
 
 def output_path_for(template: str, index: int, num_streams: int) -> Path:
-    """The output of stream `index`: `{index}` in the template, or `-<index>` before the suffix."""
+    """The output of stream `index`: `{index}` in the template, or `-<index>` before the suffix.
+
+    `~` is expanded. Raises OutputPathError for a template no path can have (empty, blank,
+    a NUL byte)."""
+    check_path_text("output.path", template, file_needed=False)
+    return _stream_path(template, index, num_streams).expanduser()
+
+
+def _stream_path(template: str, index: int, num_streams: int) -> Path:
     if "{index}" in template:  # replace, not format: other braces in a name stay as they are
         return Path(template.replace("{index}", str(index)))
     if num_streams == 1:

@@ -1,13 +1,23 @@
 """A whole rollout job: check, load, warm up, run, encode, report (what `ardiff rollout` does).
 
-    report = run_rollout(config, on_event=callback)
+    report = run_rollout(config, on_event=callback, stop=RolloutStop())
 
 Bad input (config, spec, output path, capacity) raises before anything is
 computed or created. Once the rollout starts, every failure — an exception in
-the pipeline, the encoder, or Ctrl-C — is caught here: the files are
-finalized with every finished frame, and the report says `failed` or
-`interrupted` with the error. The job never prints; progress leaves through
-`on_event`.
+the pipeline or the encoder, a pipeline calling `sys.exit`, Ctrl-C — is caught
+here: the files are finalized with every finished frame, and the report says
+`failed` or `interrupted` with the error. The job never prints; progress
+leaves through `on_event`.
+
+Stopping is cooperative, through a `RolloutStop`: a caller (the CLI's signal
+handler) calls `stop.request("SIGTERM")`; the job polls it at its safe points
+(before warmup, before the first block, after every block once its frames are
+handed to the writer), stops there, finalizes every file and reports
+`interrupted by SIGTERM`. Nothing is stopped half-way, so no file is left
+unfinished; a block in flight completes first. The job publishes where it is
+in `stop.phase`: while nothing is on disk (`loading`, `warmup`) a caller may
+instead raise KeyboardInterrupt to stop at once — the job reports that as an
+interrupt too, as it does a KeyboardInterrupt a pipeline raises.
 """
 
 from __future__ import annotations
@@ -22,7 +32,33 @@ from ardiff.errors import (EXIT_FAILED, EXIT_INTERRUPTED, ArdiffError, PipelineL
                            WarmupError)
 from ardiff.engine.build import build_runner, resolve
 from ardiff.rollout.streams import BlockEvent, RolloutPlan, check_capacity, iter_rollout, plan_rollout
+from ardiff.rollout.paths import check_rollout_paths
 from ardiff.rollout.report import OutputRecord, RolloutReport, peak_rss_bytes
+
+INTERRUPTIBLE_PHASES = ("loading", "warmup")  # nothing on disk yet: an exception costs nothing
+
+
+class RolloutStop:
+    """A cooperative stop shared by a caller and one job.
+
+    `request(reason)` asks the job to stop at its next safe point; it only sets an
+    attribute, so a signal handler may call it. `reason` is the first request (None:
+    go on). `phase` is set by the job: `loading`, `warmup`, `rollout`, `finalising`,
+    `done`; `is_interruptible` says whether a KeyboardInterrupt raised now would find
+    no file open (the job still reports it as `interrupted`).
+    """
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.phase = "loading"
+
+    def request(self, reason: str = "a stop request") -> None:
+        if self.reason is None:
+            self.reason = reason
+
+    @property
+    def is_interruptible(self) -> bool:
+        return self.phase in INTERRUPTIBLE_PHASES
 
 
 @dataclass(frozen=True)
@@ -35,32 +71,38 @@ class ProgressEvent:
     block: BlockEvent | None = None
 
 
-def run_rollout(config: RunConfig,
-                on_event: Callable[[ProgressEvent], None] | None = None) -> RolloutReport:
-    """Run the rollout the config describes; return its report (status ok/failed/interrupted)."""
+def run_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], None] | None = None,
+                stop: RolloutStop | None = None) -> RolloutReport:
+    """Run the rollout the config describes; return its report (status ok/failed/interrupted).
+
+    `stop` is polled at safe points (see the module docstring); None: run to the end.
+    Raises ardiff errors only before the rollout starts (bad input, capacity, loading).
+    """
     from ardiff.video.writer import check_output_path  # imports torch: only when a job runs
 
     emit = on_event or (lambda event: None)
+    stop = stop or RolloutStop()
     resolved = resolve(config)
     spec = resolved.spec
     plan = plan_rollout(config, spec,
                         spec.frames_per_block * _video_frames_per_latent(resolved.pipeline))
+    check_rollout_paths(config, [stream.output_path for stream in plan.streams])
     out = config.output
     for stream in plan.streams:
         check_output_path(stream.output_path, out.codec, out.crf, out.preset)
     runner = build_runner(config, resolved)
     try:
         check_capacity(plan, runner.plan.session_capacity)
-        report = _new_report(config, plan, runner)
-        if config.warmup.enabled:
-            emit(ProgressEvent("warmup", 0, report.frames_requested))
-            _warmup(runner, report)
-        if report.status == "ok":  # not interrupted during warmup
-            _run(runner, plan, config, report, emit)
+    except BaseException:
+        runner.close()
+        raise
+    report = _new_report(config, plan, runner)
+    try:
+        _warm_up_and_run(runner, plan, config, report, emit, stop)
     finally:
-        close_errors = _close_runner(runner)
-    report.warnings.extend(close_errors)
+        _close_runner(runner, report)
     _finish_report(report, runner)
+    stop.phase = "done"
     emit(ProgressEvent("done", report.frames_written, report.frames_requested))
     return report
 
@@ -81,14 +123,28 @@ def _new_report(config: RunConfig, plan: RolloutPlan, runner: Any) -> RolloutRep
                          output_fps=config.output.fps)
 
 
+def _warm_up_and_run(runner: Any, plan: RolloutPlan, config: RunConfig, report: RolloutReport,
+                     emit: Callable[[ProgressEvent], None], stop: RolloutStop) -> None:
+    """Warmup, then the rollout, each only if nothing stopped the job before it."""
+    try:
+        if config.warmup.enabled and not _stopped(report, stop):
+            stop.phase = "warmup"
+            emit(ProgressEvent("warmup", 0, report.frames_requested))
+            _warmup(runner, report)
+        if report.status == "ok" and not _stopped(report, stop):
+            _run(runner, plan, config, report, emit, stop)
+    except BaseException as exc:  # noqa: BLE001 - e.g. Ctrl-C between the steps: still a report
+        if report.status == "ok":
+            _record_failure(report, exc)
+    finally:
+        stop.phase = "finalising"  # closing the runner and the report: nothing to interrupt
+
+
 def _warmup(runner: Any, report: RolloutReport) -> None:
     try:
         warmup = runner.warmup()
     except WarmupError as exc:
         report.warnings.append(f"{exc}; continuing without warmup")
-        return
-    except KeyboardInterrupt as exc:
-        _record_failure(report, exc)
         return
     report.warmup_s = warmup.total_s
     if warmup.skipped_reason:
@@ -98,29 +154,44 @@ def _warmup(runner: Any, report: RolloutReport) -> None:
 
 
 def _run(runner: Any, plan: RolloutPlan, config: RunConfig, report: RolloutReport,
-         emit: Callable[[ProgressEvent], None]) -> None:
-    from ardiff.video.writer import VideoWriter
-
-    writers: dict[int, VideoWriter] = {}
+         emit: Callable[[ProgressEvent], None], stop: RolloutStop) -> None:
+    stop.phase = "rollout"  # before the first file opens: from here a stop must be requested
+    writers: dict[int, Any] = {}
     start = time.perf_counter()
     try:
         for event in iter_rollout(runner, plan):
-            writer = writers.get(event.stream.index)
-            if writer is None:
-                writer = writers[event.stream.index] = _open_writer(event, config)
-            writer.write(event.frames)
-            report.frames_written += int(event.frames.shape[0])
+            _write(event, writers, config, report)
             if report.time_to_first_frame_s is None:
                 report.time_to_first_frame_s = time.perf_counter() - start
             if event.frames_written >= plan.frames:
-                _close_writer(writers.pop(event.stream.index), event.stream, report)
+                _close_writer(writers.pop(event.stream.index), event.stream, report, stop)
             emit(ProgressEvent("rollout", report.frames_written, report.frames_requested, event))
+            if _stopped(report, stop):
+                break
     except BaseException as exc:  # noqa: BLE001 - every failure ends in a report
         _record_failure(report, exc)
     finally:
         report.rollout_s = time.perf_counter() - start
+        stop.phase = "finalising"  # from here on, only finishing: the files, the runner, stats
         for index, writer in list(writers.items()):
-            _close_writer(writer, plan.streams[index], report)
+            _close_writer(writer, plan.streams[index], report, stop)
+
+
+def _write(event: BlockEvent, writers: dict[int, Any], config: RunConfig,
+           report: RolloutReport) -> None:
+    writer = writers.get(event.stream.index)
+    if writer is None:
+        writer = writers[event.stream.index] = _open_writer(event, config)
+    writer.write(event.frames)
+    report.frames_written += int(event.frames.shape[0])
+
+
+def _stopped(report: RolloutReport, stop: RolloutStop) -> bool:
+    """Poll `stop` at a safe point; a stop with frames still to make is an interrupted run."""
+    if stop.reason is None or report.frames_written >= report.frames_requested:
+        return False  # go on, or nothing is left to stop: the run is complete
+    _record_interrupt(report, stop.reason)
+    return True
 
 
 def _open_writer(event: BlockEvent, config: RunConfig):
@@ -131,7 +202,9 @@ def _open_writer(event: BlockEvent, config: RunConfig):
                        preset=out.preset)
 
 
-def _close_writer(writer: Any, stream: Any, report: RolloutReport) -> None:
+def _close_writer(writer: Any, stream: Any, report: RolloutReport, stop: RolloutStop) -> None:
+    """Finalize one file; `stop.phase` says `finalising` meanwhile."""
+    phase, stop.phase = stop.phase, "finalising"
     try:
         info = writer.close()
     except BaseException as exc:  # noqa: BLE001 - the encoder failing is a failed run
@@ -140,28 +213,48 @@ def _close_writer(writer: Any, stream: Any, report: RolloutReport) -> None:
         info = writer.info  # a second close() would raise the same error again
         if info is None:  # interrupted before the file was finalized
             return
+    finally:
+        stop.phase = phase
     prompt = stream.schedule[0].prompt
     report.outputs.append(OutputRecord(info.path, info.codec, info.frames, info.bytes, prompt))
 
 
 def _record_failure(report: RolloutReport, exc: BaseException) -> None:
+    """What went wrong, as the report says it: KeyboardInterrupt is `interrupted` (by the
+    signal named in its message, if any), anything else `failed`; never re-raises."""
     if isinstance(exc, KeyboardInterrupt):
-        report.status, report.exit_code, report.error = "interrupted", EXIT_INTERRUPTED, "interrupted"
+        _record_interrupt(report, str(exc))
         return
-    if not isinstance(exc, Exception):
-        raise exc  # SystemExit and friends are not ours to swallow
     report.status = "failed"
     report.exit_code = exc.exit_code if isinstance(exc, ArdiffError) else EXIT_FAILED
-    report.error = str(exc) if isinstance(exc, ArdiffError) else f"{type(exc).__name__}: {exc}"
+    report.error = _describe(exc)
     report.exception = exc
 
 
-def _close_runner(runner: Any) -> list[str]:
+def _record_interrupt(report: RolloutReport, reason: str) -> None:
+    """`interrupted`, or `interrupted by SIGTERM` when there is a reason."""
+    by = f" by {reason}" if reason else ""
+    report.status, report.exit_code = "interrupted", EXIT_INTERRUPTED
+    report.error = f"interrupted{by}"
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ArdiffError):
+        return str(exc)
+    if isinstance(exc, SystemExit):  # outside generate_block, e.g. in a hook
+        return (f"the pipeline called exit({exc.code!r}); a pipeline must raise an exception, "
+                f"not exit the process")
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _close_runner(runner: Any, report: RolloutReport) -> None:
     try:
         runner.close()
     except ArdiffError as exc:
-        return [f"closing sessions: {exc}"]
-    return []
+        report.warnings.append(f"closing sessions: {exc}")
+    except BaseException as exc:  # noqa: BLE001 - a hook that exits, Ctrl-C: still a report
+        if report.status == "ok":
+            _record_failure(report, exc)
 
 
 def _finish_report(report: RolloutReport, runner: Any) -> None:

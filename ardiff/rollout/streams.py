@@ -73,15 +73,24 @@ def plan_rollout(config: RunConfig, spec: ARDiffusionKVCacheSpec,
     checks it against a runner's plan once that exists)."""
     rollout = config.rollout
     schedules = _schedules(config)
-    streams = tuple(Stream(i, f"stream-{i}", schedule,
-                           output_path_for(config.output.path, i, len(schedules)))
-                    for i, schedule in enumerate(schedules))
+    outputs = _output_paths(config.output.path, len(schedules))
+    streams = tuple(Stream(i, f"stream-{i}", schedule, output)
+                    for i, (schedule, output) in enumerate(zip(schedules, outputs)))
     actions = read_actions(rollout.actions, config.base_dir)
     plan = RolloutPlan(streams, rollout.frames, video_frames_per_block, actions,
                        rollout.interleave and len(streams) > 1, rollout.seed,
                        rollout.negative_prompt, rollout.num_steps, rollout.guidance_scale)
     _check_positions(plan, spec)
     return plan
+
+
+def output_paths(config: RunConfig) -> tuple[Path, ...]:
+    """Each stream's output path, as `plan_rollout` plans them (reads the prompts file)."""
+    return _output_paths(config.output.path, len(_schedules(config)))
+
+
+def _output_paths(template: str, num_streams: int) -> tuple[Path, ...]:
+    return tuple(output_path_for(template, i, num_streams) for i in range(num_streams))
 
 
 def _schedules(config: RunConfig) -> list[tuple[PromptSwitch, ...]]:

@@ -1,11 +1,20 @@
 """Per-format frame encoders behind `ardiff.video.writer.VideoWriter`, and the table of formats.
 
-An encoder writes one file (or one PNG folder) frame by frame, holding at most
-one block of frames: nothing grows with the length of the video.
+An encoder writes one work file (or one PNG work folder) frame by frame, holding
+at most one block of frames: nothing grows with the length of the video. Every
+byte goes through `disk.OutputFile`.
 
     Encoder.write(block)   opens on the first block (its size fixes the video size)
-    Encoder.close()        finalizes: flush + trailer (mp4/mkv/webm/webp), GIF
-                           trailer, the .npy header's frame count; idempotent
+    Encoder.close()        finishes: flush + trailer (mp4/mkv/webm/webp), GIF
+                           trailer, the .npy header's frame count; idempotent;
+                           sets `kept`, the frames the finished file holds
+
+A full disk (see disk.py for the reserve): .npy, GIF and PNG folders finish in
+place, without new room: .npy is cut back to its last whole frame and its header
+rewritten where it is; a GIF ends with its trailer after every frame (the next
+frame overwrites it), so finishing rewrites one byte inside the file; a PNG is
+complete before it gets its name. PyAV formats finish in the reserve's room; when
+even that fails, `kept` is what a decoder can still read from the work file.
 
 Encoders run on the writer's background thread and are not thread-safe. They
 raise what their library raises (OSError, av.FFmpegError, ...); the writer
@@ -14,6 +23,7 @@ turns that into an `EncoderError`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 from dataclasses import dataclass
@@ -25,6 +35,7 @@ import numpy as np
 from PIL import GifImagePlugin, Image
 
 from ardiff.errors import ConfigError, OutputPathError
+from ardiff.video import disk
 
 DIRECTORY = "/"  # the format key of a PNG-per-frame folder
 # Allowed codecs per format; the first is the default.
@@ -53,6 +64,8 @@ WEBP_QUALITY = 80
 GIF_COLORS = 256
 PNG_COMPRESS_LEVEL = 1  # zlib level: fast; PNG stays lossless at any level
 _NPY_COUNT_DIGITS = 20  # the frame count's fixed width in the .npy header, so it can be rewritten
+GIF_TRAILER = b";"
+PYAV_BUFFER_BYTES = 256 * 2**10  # PyAV hands the file this much per write call (default 32 KiB)
 
 
 def resolve_codec(kind: str, codec: str | None) -> str:
@@ -114,12 +127,19 @@ class EncoderSettings:
 
 
 class Encoder:
-    """Writes uint8 RGB frames to `path`; subclasses say how. Holds at most one block."""
+    """Writes uint8 RGB frames to `path`; subclasses say how. Holds at most one block.
+
+    `frames`: frames whose encoding completed. `kept`: frames the finished file holds,
+    set by `close` (None before); after a failure it is what could be saved, maybe 0.
+    """
 
     def __init__(self, path: Path, rate: Fraction, settings: EncoderSettings) -> None:
         self.path, self.rate, self.settings = path, rate, settings
         self.frames = 0  # frames fully handed to the file's encoder
+        self.kept: int | None = None
         self.size: tuple[int, int] | None = None  # (H, W) as encoded; set by the first block
+        self._file: disk.OutputFile | None = None
+        self._reserve: disk.SpaceReserve | None = None
         self._closed = False
 
     @property
@@ -128,19 +148,44 @@ class Encoder:
 
     def write(self, block: np.ndarray) -> None:  # block: [F, H, W, 3] uint8, F >= 1
         if self.size is None:
+            self._open(*block.shape[1:3])
             self.size = block.shape[1:3]
-            self._open(*self.size)
         for frame in block:  # [H, W, 3]
             self._encode_frame(frame)
             self.frames += 1
+            if self._file is not None and self._file.error is not None:
+                raise self._file.error  # e.g. the reserve took this frame: finish now
 
     def close(self) -> None:
-        """Finalize the file (nothing if no frame came). Idempotent; may raise once."""
+        """Finish the file (nothing if no frame came) and set `kept`. Idempotent; may raise once."""
         if self._closed:
             return
         self._closed = True
-        if self.is_open:
+        try:
+            if self._reserve is not None:
+                self._reserve.release()  # finishing may need the room
+            self.kept = 0
+            if self.is_open:
+                self._finish()
+        finally:
+            if self._file is not None:
+                self._file.close()
+
+    def _finish(self) -> None:
+        try:
             self._finalize()
+        except BaseException:
+            self.kept = self._salvage()
+            raise
+        self.kept = self.frames
+
+    def publish(self, target: Path) -> int:
+        """Move the finished work file onto `target` (atomically); returns its bytes."""
+        return disk.publish_file(self.path, target)
+
+    def discard(self) -> None:
+        """Remove what is left of the work file and the reserve (quiet if nothing is)."""
+        disk.discard(self.path)
 
     def _open(self, height: int, width: int) -> None:
         pass
@@ -151,12 +196,17 @@ class Encoder:
     def _finalize(self) -> None:
         pass
 
+    def _salvage(self) -> int:
+        """Frames a failed finish still left in a playable file."""
+        return 0
+
 
 class PyAVEncoder(Encoder):
     """mp4 / mkv / webm / webp through PyAV. Stream rate = `rate`, one pts tick per frame.
 
     libx264 (4:2:0) needs even sizes: an odd width or height is padded by one pixel
-    that repeats the last column/row, so a 15x17 video is stored as 16x18.
+    that repeats the last column/row, so a 15x17 video is stored as 16x18. PyAV
+    writes through an `OutputFile` with a `SpaceReserve` (see disk.py).
     """
 
     def write(self, block: np.ndarray) -> None:
@@ -167,8 +217,10 @@ class PyAVEncoder(Encoder):
     def _open(self, height: int, width: int) -> None:
         kind, codec = self.settings.kind, self.settings.codec
         container_options = {"loop": "0"} if kind == ".webp" else {}  # 0: loop forever
-        self._container = av.open(str(self.path), "w", format=_AV_FORMATS[kind],
-                                  options=container_options)
+        self._reserve = disk.SpaceReserve(disk.reserve_path(self.path))
+        self._file = disk.OutputFile(self.path, self._reserve)
+        self._container = av.open(self._file, "w", format=_AV_FORMATS[kind],
+                                  options=container_options, buffer_size=PYAV_BUFFER_BYTES)
         stream = self._container.add_stream(codec, rate=self.rate, options=self._codec_options())
         stream.width, stream.height, stream.pix_fmt = width, height, _AV_PIX_FMTS[codec]
         stream.time_base = stream.codec_context.time_base = 1 / self.rate  # pts counts frames
@@ -194,9 +246,35 @@ class PyAVEncoder(Encoder):
 
     def _finalize(self) -> None:
         try:
-            self._container.mux(self._stream.encode())  # flush frames held by the codec
+            if self._file.write_error is None:  # muxing after a failed write crashes PyAV
+                self._container.mux(self._stream.encode())  # flush frames held by the codec
         finally:
             self._container.close()  # writes the trailer (mp4: the moov atom)
+        if self._file.write_error is not None:  # PyAV does not always raise it
+            raise self._file.write_error
+
+    def _salvage(self) -> int:
+        self._file.close()
+        return min(self.frames, playable_frames(self.path, self.settings.kind))
+
+
+def playable_frames(path: Path, kind: str) -> int:
+    """Frames a decoder reads from `path` before it ends or breaks; 0 if it cannot open it."""
+    count = 0
+    try:
+        if kind == ".webp":  # FFmpeg does not decode animated WebP; Pillow does
+            with Image.open(path) as image:
+                for index in range(image.n_frames):
+                    image.seek(index)
+                    image.load()
+                    count += 1
+            return count
+        with av.open(str(path)) as container:
+            for _frame in container.decode(video=0):
+                count += 1
+    except Exception:  # noqa: BLE001 - a broken file ends the count, whatever the library says
+        pass
+    return count
 
 
 class GifEncoder(Encoder):
@@ -205,10 +283,14 @@ class GifEncoder(Encoder):
     Each frame gets its own 256-colour palette (Pillow's fast octree quantizer). GIF
     delays are in 1/100 s: frame i lasts round((i+1)*100/fps) - round(i*100/fps), so
     the total length does not drift (16 fps: 6,6,7,6,6,...). Loops forever.
+
+        | header | frame 0 | frame 1 | ... | frame n-1 | ; |      the trailer follows every
+                                              _end ----^          frame; frame n starts on it
     """
 
     def _open(self, height: int, width: int) -> None:
-        self._file = open(self.path, "wb")
+        self._file = disk.OutputFile(self.path)
+        self._end = 0  # where the trailer after the last whole frame sits
 
     def _encode_frame(self, frame: np.ndarray) -> None:
         image = Image.fromarray(frame).quantize(GIF_COLORS, method=Image.Quantize.FASTOCTREE)
@@ -218,35 +300,55 @@ class GifEncoder(Encoder):
             chunks = [*header, *GifImagePlugin.getdata(image, duration=duration_ms)]
         else:
             chunks = GifImagePlugin.getdata(image, duration=duration_ms, include_color_table=True)
-        self._file.write(b"".join(chunks))
+        data = b"".join(chunks)
+        self._file.seek(self._end)
+        self._file.write(data + GIF_TRAILER)
+        self._end += len(data)
 
     def _ticks(self, frames: int) -> int:
         return round(frames * 100 / self.rate)  # centiseconds since the start
 
     def _finalize(self) -> None:
-        try:
-            self._file.write(b";")  # GIF trailer
-        finally:
-            self._file.close()
+        """Cut a torn frame off and put the trailer back: bytes already on disk, no new room."""
+        self._file.truncate(self._end + len(GIF_TRAILER))
+        self._file.seek(self._end)
+        self._file.write(GIF_TRAILER)
 
 
 class PngDirEncoder(Encoder):
-    """One PNG per frame, frame_000000.png, ... in the folder `path` (created if missing).
+    """One PNG per frame, frame_000000.png, ..., in the work folder `path` (inside the target
+    folder, made with the first frame; the writer moves the frames out when the run ends).
 
-    Opening removes frame_*.png left by an earlier run. Each PNG is written under a
-    hidden name and renamed, so every frame_*.png present is complete.
+    Each PNG is written under a hidden name and renamed, so every frame_*.png is complete.
     """
 
-    def __init__(self, path: Path, rate: Fraction, settings: EncoderSettings) -> None:
-        super().__init__(path, rate, settings)
-        path.mkdir(exist_ok=True)
-        for stale in path.glob("frame_*.png"):
-            stale.unlink()
+    made_target = False  # whether the first frame made the target folder
+
+    def _open(self, height: int, width: int) -> None:
+        self.made_target = not self.path.parent.exists()
+        self.path.parent.mkdir(exist_ok=True)
+        self.path.mkdir()
+
+    def publish(self, target: Path) -> int:
+        return disk.publish_folder(self.path, target)
+
+    def discard(self) -> None:
+        disk.discard(self.path)
+        if self.made_target and not self.kept:
+            with contextlib.suppress(OSError):
+                self.path.parent.rmdir()  # only if still empty
 
     def _encode_frame(self, frame: np.ndarray) -> None:
         final = self.path / f"frame_{self.frames:06d}.png"
         partial = self.path / f".{final.name}.partial"
-        Image.fromarray(frame).save(partial, format="PNG", compress_level=PNG_COMPRESS_LEVEL)
+        file = disk.OutputFile(partial)
+        try:
+            Image.fromarray(frame).save(file, format="PNG", compress_level=PNG_COMPRESS_LEVEL)
+        except BaseException:
+            file.close()
+            partial.unlink(missing_ok=True)
+            raise
+        file.close()
         os.replace(partial, final)
 
 
@@ -257,21 +359,19 @@ class NpyEncoder(Encoder):
     """
 
     def _open(self, height: int, width: int) -> None:
-        self._file = open(self.path, "wb")
+        self._file = disk.OutputFile(self.path)
         self._file.write(npy_header(0, height, width))
 
     def _encode_frame(self, frame: np.ndarray) -> None:
         self._file.write(np.ascontiguousarray(frame).data)
 
     def _finalize(self) -> None:
-        try:
-            header = npy_header(self.frames, *self.size)
-            height, width = self.size
-            self._file.truncate(len(header) + self.frames * height * width * 3)  # a torn frame
-            self._file.seek(0)
-            self._file.write(header)
-        finally:
-            self._file.close()
+        """Cut a torn frame off and rewrite the header in place: no new room needed."""
+        header = npy_header(self.frames, *self.size)
+        height, width = self.size
+        self._file.truncate(len(header) + self.frames * height * width * 3)
+        self._file.seek(0)
+        self._file.write(header)
 
 
 def npy_header(frames: int, height: int, width: int) -> bytes:

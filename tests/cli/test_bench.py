@@ -7,6 +7,7 @@ installed command."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -81,3 +82,35 @@ def test_a_bad_sweep_is_a_usage_error(tmp_path):
 def test_startup_seconds_times_the_installed_command():
     seconds = startup_seconds(["--help"], runs=1)
     assert seconds is not None and seconds > 0, "no ardiff command is installed"
+
+
+@pytest.mark.parametrize("name, fragment", [
+    ("missing/x.json", "is in a folder that does not exist"),
+    ("bench.yaml", "is the same file as config"),  # the numbers would overwrite the config
+])
+def test_a_bad_json_path_is_refused_before_the_benchmark_runs(tmp_path, monkeypatch, name,
+                                                              fragment):
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the benchmark ran before --json was checked")
+
+    monkeypatch.setattr("ardiff.bench.run_bench", must_not_run)
+    result = run_bench(tmp_path, "--json", str(tmp_path / name))
+
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --json: "), result.stderr
+    assert fragment in lines[0]
+
+
+def test_a_json_file_that_cannot_be_written_is_one_error_line_after_the_table(tmp_path,
+                                                                             timed_commands):
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    result = run_bench(tmp_path, "--no-encode", "--json", "/dev/full")
+
+    assert result.exit_code == 1, result.output
+    assert "paged / dense" in result.stdout
+    assert result.stderr.splitlines()[-1] == (
+        "error: --json: cannot write '/dev/full' (OSError: [Errno 28] No space left on device); "
+        "check free disk space and permissions")
+    assert "Traceback" not in result.output

@@ -287,7 +287,7 @@ def test_ctrl_c_leaves_a_playable_file_and_exit_130(tmp_path):
             proc.kill()
 
     assert proc.returncode == 130, stderr
-    assert stderr.strip().splitlines()[-1] == "error: interrupted"
+    assert stderr.strip().splitlines()[-1] == "error: interrupted by SIGINT"
     frames, _rate = decode(tmp_path / "out.mp4")
     assert (done - 1) * FRAMES_PER_BLOCK <= frames.shape[0] < 400
     assert frames.shape[0] % FRAMES_PER_BLOCK == 0
@@ -295,7 +295,7 @@ def test_ctrl_c_leaves_a_playable_file_and_exit_130(tmp_path):
                                           abs=3)
     stats = load_stats(tmp_path / "stats.json")
     assert (stats["status"], stats["exit_code"], stats["error"]) == ("interrupted", 130,
-                                                                     "interrupted")
+                                                                     "interrupted by SIGINT")
     assert stats["outputs"][0]["frames"] == frames.shape[0]
 
 

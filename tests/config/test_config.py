@@ -251,8 +251,11 @@ def test_a_prompt_schedule_becomes_prompt_switches():
      "rollout.prompt: schedule frames [0, 0] must increase strictly"),
     ({"prompt": [{"frame": 0, "prompt": "a"}], "prompts": ["b"]},
      "rollout.prompts: cannot be combined with a rollout.prompt schedule; use one or the other"),
+    # A list of mappings is a schedule: a rule broken inside it says more than "not text".
+    ({"prompt": [{"frame": -1, "prompt": "a"}]},
+     "rollout.prompt[0].frame: -1 is invalid; it must be >= 0"),
     # A prompt is text first: a list that is not a schedule is reported as not text.
-    ({"prompt": [{"frame": -1, "prompt": "a"}]}, "rollout.prompt: expected a string, got a list"),
+    ({"prompt": [1, 2]}, "rollout.prompt: expected a string, got a list"),
     ({"prompts": 5}, "rollout.prompts: expected a list, got 5 (int)"),
     ({"actions": ["left", 3]}, "rollout.actions[1]: expected a string, got 3 (int)"),
 ])

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from ardiff.errors import ConfigError
-from ardiff.sizes import MemoryBudget, format_bytes
+from ardiff.sizes import MAX_BUDGET_BYTES, MemoryBudget, format_bytes
 
 WHERE = "runtime.memory_budget"
 HINT = ("write bytes like 6GiB, 512MiB, 1.5GB or 1000000, "
@@ -112,3 +112,41 @@ def test_the_json_schema_accepts_what_parse_accepts():
     for bad in ["lots", "6GiB6", "6 Gi B", "-1GiB", "6GiBs", "12XB", True, None, 0, -5, 1.5]:
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
+
+
+# ---- bounds --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", [MAX_BUDGET_BYTES, "1024TiB", "1125899906842624"])
+def test_the_largest_budget_is_one_pib(value):
+    assert parse(value) == MemoryBudget(num_bytes=MAX_BUDGET_BYTES)
+
+
+@pytest.mark.parametrize("value", [MAX_BUDGET_BYTES + 1, "1025TiB", "1200TB", 10**5000,
+                                   "9" * 5000, "9" * 5000 + "GiB"],
+                         ids=["1PiB+1", "1025TiB", "1200TB", "int-5001-digits", "str-5000-digits",
+                              "str-5000-digits-GiB"])
+def test_a_budget_beyond_any_device_is_refused(value):
+    """Even past the 4300 digits int() takes, and in a message of bounded length."""
+    with pytest.raises(ConfigError, match=re.escape(
+            " is more than 1024TiB, the largest budget ardiff plans; give what the device "
+            "has, like 80GiB, or a fraction of free memory like 0.8")) as caught:
+        parse(value)
+    assert len(str(caught.value)) < 400
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), "nan", "inf"])
+def test_a_fraction_is_finite(value):
+    with pytest.raises(ConfigError, match="is (neither a fraction in|not a size)"):
+        parse(value)
+
+
+@pytest.mark.parametrize("num_bytes, text", [
+    (int(9.99 * 2**30), "9.9GiB"),
+    (int(22.9 * 2**30), "22GiB"),
+    (1023, "1023B"),
+    (2**20, "1.0MiB"),
+])
+def test_format_bytes_rounding_down(num_bytes, text):
+    """A limit a user may copy never reads more than there is."""
+    assert format_bytes(num_bytes, round_down=True) == text
+    assert parse(text).num_bytes <= num_bytes

@@ -243,3 +243,45 @@ def test_sys_path_is_left_alone(pipelines_file):
     before = list(sys.path)
     build(f"{pipelines_file}:GoodPipeline")
     assert sys.path == before
+
+
+# ---- messages do not grow with the input ---------------------------------------------------
+
+def billion_laughs() -> list:
+    """Nine levels of nine references: 9**10 strings expanded, 100 objects in memory."""
+    value: list = ["lol"] * 9
+    for _ in range(9):
+        value = [value] * 9
+    return value
+
+
+def test_a_constructor_error_quotes_huge_args_in_a_few_hundred_characters():
+    """Quoting args once took minutes and gigabytes: repr() expanded every shared list."""
+    with pytest.raises(PipelineLoadError) as caught:
+        build("spec_pipelines:MissingMethodsPipeline", lol=billion_laughs(), text="x" * 100_000)
+    message = str(caught.value)
+    assert message.startswith("pipeline: constructing 'spec_pipelines:MissingMethodsPipeline' "
+                              "with args "
+                              "{'lol': [[[...], [...], [...], [...], [...], [...], [...], [...], "
+                              "...], ")
+    assert "TypeError" in message and len(message) < 700
+
+
+def test_a_long_entry_and_a_long_exception_are_cut(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    write_module(tmp_path, "chatty_plugin", "raise RuntimeError('y' * 100_000)\n")
+    with pytest.raises(PipelineLoadError) as caught:
+        build("chatty_plugin:Pipe")
+    assert len(str(caught.value)) < 400
+    assert str(caught.value).startswith("pipeline.entry: importing 'chatty_plugin' raised "
+                                        "RuntimeError: yyyy")
+    with pytest.raises(PipelineLoadError) as caught:
+        build("m" * 10_000 + ":Pipe")
+    assert len(str(caught.value)) < 400
+
+
+def test_an_entry_file_name_too_long_for_the_file_system(tmp_path):
+    with raises("pipeline.entry: cannot read '"):
+        build("a" * 5000 + ".py:Pipe", tmp_path)
+    with raises("(OSError: File name too long); check the path"):
+        build("a" * 5000 + ".py:Pipe", tmp_path)

@@ -223,3 +223,12 @@ def test_to_dict_has_the_stable_keys():
         "model_owned_bytes_per_session": 0, "bytes_per_session": 4096, "fixed_bytes": 2048,
         "budget_bytes": 14336, "session_capacity": 3, "total_pages": 14, "total_bytes": 14336,
     }
+
+
+def test_a_huge_session_capacity_is_capped_by_the_budget():
+    """The spec's session_capacity is an upper bound, never a size: the plan holds what the
+    budget holds (4096 bytes a session, 2048 shared) and allocates no page beyond it."""
+    p = plan(budget=1_000_000, session_capacity=10**12)
+    assert p.session_capacity == (1_000_000 - 2048) // 4096 == 243
+    assert p.total_bytes <= p.budget_bytes
+    assert p.total_pages == 243 * 4 + 2

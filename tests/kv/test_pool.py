@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import re
+import tracemalloc
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ardiff.errors import KVStateError
 from ardiff.kv.pool import PagePool
@@ -69,3 +72,51 @@ def test_empty_pool():
     assert pool.allocate(1) is None
     with pytest.raises(KVStateError, match=r"not a page of this pool"):
         pool.free([0])
+
+
+def test_ids_come_out_lowest_first_and_freed_ids_are_reused_last_freed_first():
+    pool = PagePool(6)
+    assert pool.allocate(3) == [0, 1, 2]
+    pool.free([1, 0])
+    assert pool.allocate(3) == [0, 1, 3]  # 0 was freed last, then 1, then a fresh id
+    pool.free([3])
+    assert pool.allocate(3) == [3, 4, 5]
+    assert pool.allocate(1) is None
+    assert [pool.is_used(page) for page in range(6)] == [True] * 6
+
+
+@settings(max_examples=60, deadline=None)
+@given(num_pages=st.integers(0, 10),
+       ops=st.lists(st.tuples(st.booleans(), st.integers(0, 5), st.integers(0, 99)), max_size=40))
+def test_ids_are_those_a_free_list_hands_out(num_pages, ops):
+    """The pool hands out exactly what a Python list used as a stack did (low ids first,
+    freed ids on top), so runs and their NaN-poisoned pages are unchanged."""
+    pool, stack, held = PagePool(num_pages), list(range(num_pages - 1, -1, -1)), []
+    for is_allocate, num, pick in ops:
+        if is_allocate:
+            expected = [stack.pop() for _ in range(num)] if num <= len(stack) else None
+            assert pool.allocate(num) == expected
+            held += expected or []
+        elif held:
+            page_ids = [held.pop(pick % len(held)) for _ in range(min(num, len(held)))]
+            pool.free(page_ids)
+            stack += page_ids
+        assert pool.num_free == len(stack) and pool.peak_used >= pool.num_used
+
+
+def test_a_pool_of_a_trillion_pages_costs_nothing_until_pages_are_used():
+    """Building the pool made a list of every id (10**7 pages: 390 MiB, 0.2 s); now the
+    bookkeeping grows with the pages handed out, never with the pool."""
+    tracemalloc.start()
+    try:
+        pool = PagePool(10**12)
+        ids = pool.allocate(1000)
+        _size, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert ids == list(range(1000)) and pool.num_free == 10**12 - 1000
+    assert peak < 100_000
+    pool.free(ids)
+    assert pool.num_used == 0 and pool.peak_used == 1000
+    with pytest.raises(KVStateError, match=r"page pool: page 5000 is already free"):
+        pool.free([5000])  # never handed out

@@ -4,14 +4,18 @@ what happened, the KV pool is whole again, and every finished frame is in a play
 Each fault runs `ardiff rollout run.yaml --json stats.json` in-process (Typer's runner)
 on tests/support/fault_pipelines.py:FaultPipeline, which makes 6 blocks of 2 frames
 (frame f filled with the value f) and breaks as told. The video is FFV1 in .mkv
-(lossless, read back with PyAV), so the test knows exactly which frames it holds; the
-disk-full case writes H.264 .mp4, the format most runs use. The disk filling up is
-simulated: the encoder's frame write raises OSError(ENOSPC) after some frames.
+(lossless, read back with PyAV), so the test knows exactly which frames it holds. The
+disk filling up is simulated in every format (`FullDisk`): the write of frame n fails with
+ENOSPC and from then on no file may grow, except into room the writer frees (its space
+reserve), so the file must be finished on a full disk.
 
 The table "Run failures" in README.md is FAULTS (one row per distinct row text);
 `test_the_readme_table_is_the_fault_list` prints it to paste when they differ. The
 same refusals through the installed command are in tests/cli/test_rollout.py
-(failure at block k, Ctrl-C); the runner's side of each fault in tests/engine/test_runner.py.
+(failure at block k, Ctrl-C) and tests/cli/test_signals.py (SIGTERM to a process group, a
+second signal while the file is finished); the runner's side of each fault in
+tests/engine/test_runner.py. Signals here are real ones, sent to this process while the
+CLI's handlers are installed (SIGNAL_FAULTS).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import json
 import os
 import random
 import re
+import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,9 +35,10 @@ import jsonschema
 import numpy as np
 import pytest
 import yaml
+from PIL import Image, ImageSequence
 from typer.testing import CliRunner
 
-from ardiff.video import encoders
+from ardiff.video import disk, encoders
 from ardiff.rollout.report import STATS_SCHEMA
 from ardiff_cli.main import app
 
@@ -69,6 +76,8 @@ class Fault:
     output: str = "out.mkv"
     json_path: str = "stats.json"
     disk_full_after: int | None = None
+    signal_while_finalising: str | None = None  # sent as the encoder finishes the file
+    notice: str | None = None      # regex one stderr line must match (what the user is told)
 
 
 def forward_fault(seed: int) -> Fault:
@@ -88,6 +97,23 @@ def output_fault(kind: str, error: str) -> Fault:
                  2 * FRAMES_PER_BLOCK, rf"^session 'stream-0' block 2: BlockOutput\.{error}",
                  {"fault": kind, "at_block": 2})
 
+
+def disk_full_fault(output: str, codec: str, name: str | None = None) -> Fault:
+    """The disk fills up while frame FULL_DISK_AFTER is written to `output`."""
+    shown = re.escape(output.rstrip("/"))
+    kind = "a PNG folder" if output.endswith("/") else f"`{Path(output).suffix}`"
+    return Fault(name or f"disk-full-{codec}", f"the disk fills up after n frames ({kind})", 1,
+                 "failed", "the n frames encoded before", FULL_DISK_AFTER,
+                 rf"^output\.path: writing '{shown}' \({codec}\) failed after {FULL_DISK_AFTER} "
+                 rf"frames \(OSError: \[Errno 28\] No space left on device\); the "
+                 rf"{FULL_DISK_AFTER} frames encoded before it are kept in '{shown}'; the disk "
+                 rf"holding '[^']+' is full: free some space, then rerun$",
+                 output=output, disk_full_after=FULL_DISK_AFTER)
+
+
+DISK_FULL_FORMATS = [("out.mkv", "ffv1"), ("out.webm", "libvpx-vp9"), ("out.gif", "gif"),
+                     ("out.webp", "libwebp"), ("out.npy", "npy"), ("frames/", "png")]
+EXACT_FORMATS = (".mkv", ".npy", ".gif", "/")  # lossless, or a flat frame in a palette
 
 FAULTS = [
     *(forward_fault(seed) for seed in range(8)),
@@ -113,19 +139,47 @@ FAULTS = [
     Fault("warmup-command", "warmup raises (`ardiff warmup`)", 1, None, "(no video)", 0,
           r"^warmup failed: PipelineError: .*InjectedFault: warmup block 0$",
           {"fault": "warmup"}, command="warmup"),
-    Fault("disk-full", "the encoder fails (disk full) after n frames", 1, "failed",
-          "the n frames encoded before", FULL_DISK_AFTER,
-          rf"^output\.path: encoding 'out\.mp4' \(libx264\) failed after {FULL_DISK_AFTER} "
-          rf"frames \(OSError: \[Errno 28\] No space left on device\); the {FULL_DISK_AFTER} "
-          rf"frames encoded before it are kept in 'out\.mp4'; check free disk space",
-          output="out.mp4", disk_full_after=FULL_DISK_AFTER),
+    disk_full_fault("out.mp4", "libx264", name="disk-full"),
     Fault("stats-unwritable", "the `--json` file cannot be written (disk full)", 1, None,
           "every frame", FRAMES, r"^--json: cannot write '/dev/full' \(OSError: \[Errno 28\] "
           r"No space left on device\); the video is kept", json_path="/dev/full"),
-    Fault("ctrl-c", "Ctrl-C (SIGINT) during block k", 130, "interrupted",
+    Fault("ctrl-c", "`generate_block` raises KeyboardInterrupt at block k", 130, "interrupted",
           "every frame of blocks 0..k-1", 3 * FRAMES_PER_BLOCK, r"^interrupted$",
           {"fault": "interrupt", "at_block": 3}),
+    *(disk_full_fault(output, codec) for output, codec in DISK_FULL_FORMATS),
 ]
+
+
+# Signals reach ardiff_cli.signals' handlers: the pipeline sends one to its own process (or
+# the encoder thread to the main thread, while it finishes the file), as `kill` or a second
+# Ctrl-C would. Real process groups: tests/cli/test_signals.py.
+SIGNAL_FAULTS = [
+    *(Fault(f"signal-{name}", "SIGINT, SIGTERM or SIGHUP during block k", 130, "interrupted",
+            "every frame of blocks 0..k (the block in flight finishes)", 4 * FRAMES_PER_BLOCK,
+            rf"^interrupted by {name}$", {"fault": "signal", "signal_name": name, "at_block": 3},
+            notice=rf"^stopping \({name}\): finishing the current block, then finalising\.\.\.$")
+      for name in ("SIGINT", "SIGTERM", "SIGHUP")),
+    Fault("signal-twice", "a second signal while the files are finalised", 130, "interrupted",
+          "every frame of blocks 0..k", 4 * FRAMES_PER_BLOCK, r"^interrupted by SIGTERM$",
+          {"fault": "signal", "signal_name": "SIGTERM", "at_block": 3},
+          signal_while_finalising="SIGINT",
+          notice=r"^finalising\.\.\. \(SIGINT waits until every file is written\)$"),
+    Fault("signal-finalising", "a signal while the files of a finished run are finalised", 0,
+          "ok", "every frame", FRAMES, None, signal_while_finalising="SIGHUP",
+          notice=r"^finalising\.\.\. \(SIGHUP waits until every file is written\)$"),
+    Fault("signal-warmup", "SIGINT, SIGTERM or SIGHUP during warmup", 130, "interrupted",
+          "(no video)", 0, r"^interrupted by SIGHUP$",
+          {"fault": "signal_warmup", "signal_name": "SIGHUP"}),
+    Fault("signal-load", "SIGINT, SIGTERM or SIGHUP while the pipeline loads", 130, None,
+          "(no video)", 0, r"^interrupted by SIGTERM$",
+          {"fault": "signal_load", "signal_name": "SIGTERM"}),
+    Fault("exit", "`generate_block` calls `sys.exit(n)` at block k", 1, "failed",
+          "every frame of blocks 0..k-1", 2 * FRAMES_PER_BLOCK,
+          r"^session 'stream-0' block 2: generate_block called exit\(5\); a pipeline must "
+          r"raise an exception, not exit the process$",
+          {"fault": "exit", "at_block": 2, "exit_code": 5}),
+]
+FAULTS += SIGNAL_FAULTS
 
 
 # -- running a fault -----------------------------------------------------------------------------
@@ -160,16 +214,37 @@ def write_config(folder: Path, fault: Fault) -> Path:
     return path
 
 
-def fill_disk_after(frames: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The encoder's write raises ENOSPC once `frames` frames are in the file."""
-    write_frame = encoders.PyAVEncoder._encode_frame
+class FullDisk:
+    """The disk fills up as an encoder starts frame `at`: that write fails with ENOSPC and,
+    from then on, no file under `folder` may grow past what is freed (the writer's space
+    reserve). Every byte an encoder writes goes through `disk._write`."""
 
-    def encode_frame(self, frame):
-        if self.frames >= frames:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        write_frame(self, frame)
+    def __init__(self, folder: Path, at: int) -> None:
+        self.folder, self.at, self.capacity = folder, at, None
 
-    monkeypatch.setattr(encoders.PyAVEncoder, "_encode_frame", encode_frame)
+    def used(self) -> int:
+        return sum(p.lstat().st_size for p in self.folder.rglob("*") if p.is_file())
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(disk, "_write", self.write)
+        for cls in (encoders.PyAVEncoder, encoders.GifEncoder, encoders.PngDirEncoder,
+                    encoders.NpyEncoder):
+            monkeypatch.setattr(cls, "_encode_frame", self.encode_frame(cls._encode_frame))
+
+    def encode_frame(self, original):
+        def encode_frame(encoder, frame):
+            if encoder.frames >= self.at:
+                self.capacity = self.used() if self.capacity is None else self.capacity
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            original(encoder, frame)
+        return encode_frame
+
+    def write(self, fd: int, data) -> int:
+        if self.capacity is not None:
+            growth = os.lseek(fd, 0, os.SEEK_CUR) + len(data) - os.fstat(fd).st_size
+            if growth > self.capacity - self.used():
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return os.write(fd, data)
 
 
 def run_fault(fault: Fault, folder: Path) -> Run:
@@ -181,7 +256,9 @@ def run_fault(fault: Fault, folder: Path) -> Run:
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.chdir(folder)
         if fault.disk_full_after is not None:
-            fill_disk_after(fault.disk_full_after, monkeypatch)
+            FullDisk(folder, fault.disk_full_after).install(monkeypatch)
+        if fault.signal_while_finalising:
+            signal_while_finalising(fault.signal_while_finalising, monkeypatch)
         result = CliRunner().invoke(app, args)
     crashed = result.exception is not None and not isinstance(result.exception, SystemExit)
     stats_file = folder / "stats.json"
@@ -189,12 +266,33 @@ def run_fault(fault: Fault, folder: Path) -> Run:
     video = folder / fault.output
     return Run(result.exit_code, result.stderr, crashed, stats,
                decode(video) if video.exists() else None,
-               sorted(p.name for p in folder.glob(".*partial*")))
+               sorted(p.name for p in folder.rglob(".*partial*")))
+
+
+def signal_while_finalising(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the encoder thread starts finishing the file, it sends `name` to the main thread,
+    which is then waiting in VideoWriter.close for the file to be done."""
+    close, main = encoders.Encoder.close, threading.main_thread().ident
+
+    def close_after_a_signal(encoder):
+        signal.pthread_kill(main, signal.Signals[name])
+        close(encoder)
+
+    monkeypatch.setattr(encoders.Encoder, "close", close_after_a_signal)
 
 
 def decode(path: Path) -> np.ndarray:
-    with av.open(str(path)) as container:
-        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    """The frames of a video in any output format, uint8 [N, H, W, 3]."""
+    if path.is_dir():
+        frames = [np.asarray(Image.open(p)) for p in sorted(path.glob("frame_*.png"))]
+    elif path.suffix == ".npy":
+        return np.load(path)
+    elif path.suffix in (".gif", ".webp"):  # FFmpeg does not decode animated WebP
+        with Image.open(path) as image:
+            frames = [np.asarray(f.convert("RGB")) for f in ImageSequence.Iterator(image)]
+    else:
+        with av.open(str(path)) as container:
+            frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
     return np.stack(frames) if frames else np.zeros((0, 1, 1, 3), np.uint8)
 
 
@@ -205,7 +303,7 @@ def frame_values(frames: np.ndarray) -> list[float]:
 def lost_frames(fault: Fault, run: Run) -> int:
     """Finished frames missing from the video (or holding the wrong picture)."""
     frames = run.frames if run.frames is not None else np.zeros((0, 1, 1, 3), np.uint8)
-    tolerance = 0 if fault.output.endswith(".mkv") else LOSSY_TOLERANCE
+    tolerance = 0 if fault.output.endswith(EXACT_FORMATS) else LOSSY_TOLERANCE
     right = [abs(value - paint(i)) <= tolerance
              for i, value in enumerate(frame_values(frames[:fault.kept_frames]))]
     return fault.kept_frames - sum(right)
@@ -237,6 +335,8 @@ def test_the_exit_code_and_the_stats_say_what_happened(fault, runs):
     assert run.exit_code == fault.exit_code, run.stderr
     errors = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == (fault.exit_code != 0), run.stderr
+    if fault.notice:
+        assert any(re.search(fault.notice, line) for line in run.stderr.splitlines()), run.stderr
     if fault.error:
         assert re.search(fault.error, run.error_line), run.error_line
     if fault.status is None:

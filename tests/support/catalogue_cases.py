@@ -171,8 +171,8 @@ CASES = [
          r"'\.avi'; use one of \.mp4, \.mkv", args=("-o", "out.avi")),
     Case("codec not of the format", 2, r"^output\.codec: 'libx265' is not a codec for \.mp4 "
          r"files; use one of libx264", args=("--set", "output.codec=libx265")),
-    Case("crf out of range", 2, r"^output\.crf: 99 is out of range for libx264 \(0\.\.51\); try "
-         r"23", args=("--set", "output.crf=99")),
+    Case("crf out of range", 2, r"^output\.crf: 60 is out of range for libx264 \(0\.\.51\); try "
+         r"23", args=("--set", "output.crf=60")),
     Case("unknown x264 preset", 2, r"^output\.preset: 'turbo' is not an x264 preset; use one of "
          r"ultrafast", args=("--set", "output.preset=turbo")),
     Case("`--json` folder missing", 2, r"^--json: 'missing/stats\.json' is in a folder that does "
@@ -223,4 +223,83 @@ CASES = [
     Case("actions file entry not an action", 2, r"^rollout\.actions \(actions\.yaml\)\[1\]: 3 is "
          r"not an action; use a name like left", args=("--actions", "actions.yaml"),
          files=(("actions.yaml", "- left\n- 3\n"),)),
+    # -- values out of bounds, text, YAML limits (README "Configs" lists the bounds) ------------
+    Case("`output.fps` not a finite number", 2, r"^output\.fps: nan is invalid; it must be a "
+         r"finite number; try 16", config={"output": {"fps": float("nan")}}),
+    Case("`--fps` below what every format stores", 2, r"^output\.fps: 0\.001 is invalid; it "
+         r"must be from 0\.01 to 1000 frames per second \(what every output format stores\); "
+         r"try 16", args=("--fps", "0.001")),
+    Case("guidance scale not finite", 2, r"^rollout\.guidance_scale: inf is invalid; it must be "
+         r"a finite number", args=("--set", "rollout.guidance_scale=.inf")),
+    Case("`--seed` beyond 32 bits", 2, r"^rollout\.seed: 4294967296 is invalid; it must be <= "
+         r"4294967295", args=("--seed", "4294967296")),
+    Case("`--frames` beyond the longest rollout", 2, r"^rollout\.frames: 1000001 is invalid; it "
+         r"must be <= 1000000", args=("--frames", "1000001")),
+    Case("too many denoising steps", 2, r"^rollout\.num_steps: 1001 is invalid; it must be <= "
+         r"1000", config=rollout(num_steps=1001)),
+    Case("crf no codec takes", 2, r"^output\.crf: 99 is invalid; it must be <= 63",
+         args=("--set", "output.crf=99")),
+    Case("too many sessions", 2, r"^runtime\.max_sessions: 100000 is invalid; it must be <= "
+         r"65536", config={"runtime": {"max_sessions": 100000}}),
+    Case("budget beyond any device", 2, r"^runtime\.memory_budget: '2000TiB' is more than "
+         r"1024TiB, the largest budget ardiff plans; give what the device has, like 80GiB",
+         args=("--budget", "2000TiB")),
+    Case("budget above the device's free memory", 3, r"^runtime\.memory_budget: 1024TiB is more "
+         r"than the [0-9.]+[KMGT]iB free on cpu; lower runtime\.memory_budget to at most "
+         r"[0-9.]+[KMGT]iB or give a fraction of free memory like 0\.8$",
+         args=("--budget", "1024TiB"), exact=False),
+    Case("prompt not valid Unicode", 2, r"^rollout\.prompt: 'a \\udcff cat' is not valid "
+         r"Unicode \(a lone surrogate '\\udcff' at character 2: bytes that are not UTF-8\?\); "
+         r"write it in UTF-8", args=("--prompt", "a \udcff cat")),
+    Case("NUL character in a path", 2, r"^output\.path: 'a\\x00b\.mp4' holds a NUL character "
+         r"at character 1; remove it", config={"output": {"path": "a\0b.mp4"}}),
+    Case("a 5000-character key", 2, r"^runtime\.kv\.w{38}\.\.\.w{19}: unknown key; known keys: "
+         r"backend", args=("--set", "runtime.kv." + "w" * 5000 + "=1")),
+    Case("duplicate key", 2, r"^run\.yaml: key 'rollout\.frames' appears twice, at line 4 and "
+         r"line 5; keep one of them", config="pipeline:\n  entry: fault_pipelines.py:Fault"
+         "Pipeline\nrollout:\n  frames: 4\n  frames: 8\n"),
+    Case("YAML alias bomb", 2, r"^run\.yaml: its aliases expand to more than 100,000 values; "
+         r"use fewer aliases", config="pipeline:\n  entry: fault_pipelines.py:FaultPipeline\n"
+         "  args:\n    l0: &l0 [lol,lol,lol,lol,lol,lol,lol,lol,lol]\n" + "".join(
+             f"    l{i}: &l{i} [{','.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 9))),
+    Case("recursive YAML alias", 2, r"^run\.yaml: the value at line 3 contains itself through "
+         r"an alias; a config cannot be recursive", config="pipeline:\n  entry: fault_pipelines"
+         ".py:FaultPipeline\n  args: &args {self: *args}\n"),
+    Case("control character in YAML", 2, r"^run\.yaml: YAML syntax error at line 4, column 13: "
+         r"character #x0007 is not allowed in YAML \(a control character\); fix the YAML there",
+         config="pipeline:\n  entry: fault_pipelines.py:FaultPipeline\nrollout:\n"
+         "  prompt: \"a\x07\"\n"),
+    Case("actions file with a duplicate key", 2, r"^rollout\.actions \(actions\.yaml\): key "
+         r"'actions' appears twice, at line 1 and line 2; keep one of them",
+         args=("--actions", "actions.yaml"),
+         files=(("actions.yaml", "actions: [left]\nactions: [right]\n"),)),
+    # -- paths that collide, paths no file can have -------------------------------------------
+    Case("output is the config file", 2, r"^output\.path: 'run\.yaml' is the same file as "
+         r"config 'run\.yaml'; the run would overwrite its input; pick another name",
+         args=("-o", "run.yaml")),
+    Case("`--json` is the config file, spelled another way", 2, r"^--json: '\./run\.yaml' is "
+         r"the same file as config 'run\.yaml' \(both are '.*run\.yaml'\); the run would "
+         r"overwrite its input", args=("--json", "./run.yaml")),
+    Case("`--json` is the output video", 2, r"^--json: 'out\.mp4' is the same file as "
+         r"output\.path 'out\.mp4'; the run would write it twice", args=("--json", "out.mp4")),
+    Case("`--json` is the prompts file", 2, r"^--json: 'prompts\.txt' is the same file as "
+         r"rollout\.prompts '.*prompts\.txt'", args=("--prompts", "prompts.txt", "--json",
+                                                    "prompts.txt"),
+         files=(("prompts.txt", "a red ball\n"),)),
+    Case("two prompts' outputs are one file", 2, r"^output\.path: two streams would write one "
+         r"file, 'x0/\.\./out\.mp4' and 'x1/\.\./out\.mp4' \(both are '.*out\.mp4'\); put "
+         r"\{index\} in the file name",
+         args=("--set", "rollout.prompts=[a, b]", "-o", "x{index}/../out.mp4")),
+    Case("output path empty", 2, r"^output\.path: '' is empty; give a file name like "
+         r"'out\.mp4'", args=("-o", "")),
+    Case("output path blank", 2, r"^output\.path: ' ' is blank; give a file name like "
+         r"'out\.mp4'", args=("-o", " ")),
+    Case("`--json` empty", 2, r"^--json: '' is empty; give a file name like 'stats\.json'",
+         args=("--json", "")),
+    Case("`--json` ends in a separator", 2, r"^--json: 'stats/' names a folder, and a file is "
+         r"needed here; give a file name like 'stats/stats\.json'", args=("--json", "stats/")),
+    Case("prompts path names a folder", 2, r"^rollout\.prompts: 'lists/\.\.' names a folder, "
+         r"and a file is needed here", config=rollout(prompts="lists/..")),
+    Case("actions path blank", 2, r"^rollout\.actions: ' ' is blank; give a file name like "
+         r"'actions\.yaml'", config=rollout(actions=" ")),
 ]

@@ -12,7 +12,13 @@ reads off a video exactly which blocks it holds. Warmup requests carry
     forward     generate_block raises RuntimeError at `stage`: before (no KV touched),
                 probe (inside the probe block), commit (inside the commit block, after
                 layer 0 attended), after_commit (the block's history already written)
-    interrupt   generate_block raises KeyboardInterrupt inside the commit block (Ctrl-C)
+    interrupt   generate_block raises KeyboardInterrupt inside the commit block
+    exit        generate_block calls sys.exit(exit_code) inside the commit block
+    signal      generate_block sends this process `signal_name` inside the commit block (as
+                a user's Ctrl-C or `kill` lands mid-block); refuses to when no Python
+                handler is installed for it, so a broken CLI cannot kill the test run
+    signal_warmup  the same, at the end of the first warmup block
+    signal_load    the same, inside load(device, dtype)
     reset_hook  reset_ar_diffusion_session drops its state, then raises
     close_hook  close_ar_diffusion_session drops its state, then raises
     warmup      every warmup forward raises (rollout blocks are fine)
@@ -20,6 +26,15 @@ reads off a video exactly which blocks it holds. Warmup requests carry
     dtype       BlockOutput.frames is float32 from `at_block` on
     shape       BlockOutput.frames has 4 channels from `at_block` on
     size        BlockOutput.frames grow by 2 pixels a side from `at_block` on
+
+`block_sleep_s` makes every rollout block that long (time.sleep: a slow model without
+CPU load), and `marker` names a file that holds the number of rollout blocks made so
+far (replaced atomically), so a test in another process can signal a run once it has
+frames instead of guessing with a sleep.
+
+The names this module defines appear in an error message the README quotes
+(tests/cli/test_catalogue.py), so the few standard modules the faults need are
+imported where they are used.
 
 Self-contained (only the public `ardiff` API), so the installed command loads it
 as `/abs/path/fault_pipelines.py:FaultPipeline` in another process too.
@@ -35,8 +50,8 @@ import ardiff
 BRANCH = "main"
 FRAMES_PER_BLOCK = 2
 STAGES = ("before", "probe", "commit", "after_commit")
-FAULTS = ("forward", "interrupt", "reset_hook", "close_hook", "warmup", "load", "dtype",
-          "shape", "size")
+FAULTS = ("forward", "interrupt", "exit", "signal", "signal_warmup", "signal_load", "reset_hook",
+          "close_hook", "warmup", "load", "dtype", "shape", "size")
 
 # 2 layers x 1 KV head x 8 dims, 2 tokens per frame, blocks of 2 frames, a 4-frame
 # window with a 1-frame sink: 3 frames (3 pages) of history per session.
@@ -59,12 +74,18 @@ class FaultPipeline:
 
     def __init__(self, fault: str | None = None, at_block: int = 0, stage: str = "commit",
                  frame_size: int = 16, warmup_blocks: int = 2,
-                 video_frames_per_latent_frame: int = 1, **spec_fields) -> None:
+                 video_frames_per_latent_frame: int = 1, exit_code: int = 5,
+                 signal_name: str = "SIGINT", block_sleep_s: float = 0.0,
+                 marker: str | None = None, **spec_fields) -> None:
         if fault is not None and fault not in FAULTS:
             raise ValueError(f"fault {fault!r} is not one of {', '.join(FAULTS)}")
         if stage not in STAGES:
             raise ValueError(f"stage {stage!r} is not one of {', '.join(STAGES)}")
         self.fault, self.at_block, self.stage = fault, at_block, stage
+        import signal
+
+        self.exit_code, self.signum = exit_code, signal.Signals[signal_name]
+        self.block_sleep_s, self.marker, self.blocks_made = block_sleep_s, marker, 0
         self.frame_size, self.warmup_blocks = frame_size, warmup_blocks
         self.video_frames_per_latent_frame = video_frames_per_latent_frame  # planning only
         self.spec = ardiff.ARDiffusionKVCacheSpec(**{**FAULT_SPEC, **spec_fields})
@@ -77,6 +98,8 @@ class FaultPipeline:
     def load(self, device, dtype) -> None:
         if self.fault == "load":
             raise InjectedFault("checkpoint /models/missing.safetensors not found")
+        if self.fault == "signal_load":
+            self._signal()
 
     def reset_ar_diffusion_session(self, session_id: str) -> None:
         self.sessions.discard(session_id)
@@ -109,6 +132,10 @@ class FaultPipeline:
         with state.block(BRANCH, commit=True) as blk:
             self._attend_all(blk, strike, "commit")
         self._strike(strike, "after_commit")
+        if request.extra.get("warmup") and self.fault == "signal_warmup":
+            self._signal()  # after the commit: warmup holds pages when it is interrupted
+        if not request.extra.get("warmup"):
+            self._made_block()
         return ardiff.BlockOutput(frames=self._frames(request.block_index, faulty))
 
     # -- inside ------------------------------------------------------------------------
@@ -125,8 +152,34 @@ class FaultPipeline:
             return
         if self.fault == "interrupt" and stage == "commit":
             raise KeyboardInterrupt
+        if self.fault == "exit" and stage == "commit":
+            import sys
+
+            sys.exit(self.exit_code)
+        if self.fault == "signal" and stage == "commit":
+            self._signal()
         if self.fault == "forward" and stage == self.stage:
             raise InjectedFault(f"forward of block {self.at_block} ({stage})")
+
+    def _signal(self) -> None:
+        """Deliver `signum` to this process now; its Python handler runs before this returns."""
+        import signal
+
+        if not callable(signal.getsignal(self.signum)):
+            raise InjectedFault(f"no Python handler for {self.signum.name}; not sending it")
+        signal.raise_signal(self.signum)
+
+    def _made_block(self) -> None:
+        import os
+        import time
+
+        time.sleep(self.block_sleep_s)
+        self.blocks_made += 1
+        if self.marker:
+            tmp = f"{self.marker}.tmp"
+            with open(tmp, "w", encoding="utf-8") as marker:
+                marker.write(str(self.blocks_made))
+            os.replace(tmp, self.marker)  # a reader never sees a half-written number
 
     def _frames(self, block_index: int, faulty: bool) -> torch.Tensor:
         """[F, H, W, 3] uint8 (or broken from `at_block` on, as `fault` says)."""

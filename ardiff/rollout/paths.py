@@ -1,0 +1,140 @@
+"""The paths a run reads and writes, checked together before any compute.
+
+    check_path_text("--json", text)                         # one path string, on its own
+    check_run_paths(written, read)                          # no two of them are one file
+    check_rollout_paths(config, config_file=..., stats_file=...)   # all of a rollout's
+
+A run writes its outputs (one video or PNG folder per stream) and maybe a stats
+file (`--json`); it reads its config, and maybe a prompts and an actions file.
+Every written path must be a file of its own: not another output, not an input.
+"One file" is decided on the resolved path, whatever the spelling (`~`,
+relative or absolute, `a/../b`, symlinks), and by device and inode (hard links
+too) when it exists. Only strings and the file system are read; nothing is
+created.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from ardiff.errors import ConfigError, OutputPathError
+
+_EXAMPLES = {"output.path": "out.mp4", "--json": "stats.json",
+             "rollout.prompts": "prompts.txt", "rollout.actions": "actions.yaml"}
+_SEPARATORS = tuple({"/", os.sep, os.altsep} - {None})
+_FOLDER_NAMES = ("", ".", "..")
+
+
+def check_path_text(field: str, text: str | os.PathLike, *, file_needed: bool = True) -> None:
+    """Refuse a path string no file can have: empty, blank, with a NUL byte, or (where a file
+    is needed) naming a folder: '.', '..' or ending in a separator.
+
+    Raises OutputPathError for `output.path` and `--json`, ConfigError for inputs.
+    """
+    raw = os.fspath(text)
+    error = OutputPathError if field in ("output.path", "--json") else ConfigError
+    example = _EXAMPLES.get(field, "name.ext")
+    if not raw.strip():
+        raise error(f"{field}: {raw!r} is {'empty' if not raw else 'blank'}; give a file "
+                    f"name like {example!r}")
+    if "\0" in raw:
+        raise error(f"{field}: {raw!r} holds a NUL byte (\\0), which no file name can; "
+                    f"remove it")
+    if file_needed and (raw.endswith(_SEPARATORS) or Path(raw).name in _FOLDER_NAMES):
+        raise error(f"{field}: {raw!r} names a folder, and a file is needed here; give a "
+                    f"file name like {os.path.join(raw, example)!r}")
+
+
+NamedPath = tuple[str, "str | os.PathLike"]  # (field, the path as the user wrote it)
+
+
+def check_rollout_paths(config: Any, outputs: Sequence[Path] | None = None, *,
+                        config_file: str | os.PathLike | None = None,
+                        stats_file: str | None = None) -> None:
+    """Check every path a rollout of `config` touches, before any compute.
+
+    `outputs`: the streams' output paths (None: planned from the config, which reads
+    the prompts file). `config_file`: the config's own file, if any; `stats_file`:
+    `--json` (None or '-': none). Raises OutputPathError / ConfigError.
+    """
+    from ardiff.rollout.inputs import input_file  # these import this module
+    from ardiff.rollout.streams import output_paths
+
+    written: list[NamedPath] = [("output.path", path)
+                                for path in (output_paths(config) if outputs is None else outputs)]
+    if stats_file not in (None, "-"):
+        check_stats_file(stats_file)
+        written.append(("--json", stats_file))
+    read: list[NamedPath] = [] if config_file is None else [("config", config_file)]
+    for field, value in (("rollout.prompts", config.rollout.prompts),
+                         ("rollout.actions", config.rollout.actions)):
+        path = input_file(field, value, config.base_dir)
+        if path is not None:
+            read.append((field, path))
+    check_run_paths(written, read)
+
+
+def check_stats_file(text: str) -> None:
+    """The `--json` file can be written: a file name, in a folder that exists, writable."""
+    check_path_text("--json", text)
+    path = Path(text).expanduser()
+    folder = path.parent
+    if not folder.is_dir():
+        raise ConfigError(f"--json: {text!r} is in a folder that does not exist "
+                          f"({str(folder)!r}); create it first or pick another path")
+    if path.is_dir():
+        raise ConfigError(f"--json: {text!r} is a folder; give a file name like "
+                          f"{str(path / 'stats.json')!r}")
+    writable = os.access(path, os.W_OK) if path.exists() else os.access(folder, os.W_OK | os.X_OK)
+    if not writable:
+        raise ConfigError(f"--json: {text!r} is not writable; fix the permissions of the "
+                          f"file or of its folder {str(folder)!r}, or pick another path")
+
+
+def check_run_paths(written: Sequence[NamedPath], read: Sequence[NamedPath]) -> None:
+    """Every written path is its own file: neither another written path nor a read one.
+
+    Raises OutputPathError naming the written path's field, both spellings and the fix.
+    Linear in the number of paths (a prompts file may give thousands of outputs).
+    """
+    seen: dict[tuple, NamedPath] = {}
+    for field, path in read:
+        seen.setdefault(_identity(path), (field, path))
+    for field, path in written:
+        key = _identity(path)
+        if key in seen:
+            raise OutputPathError(_collision(field, path, *seen[key]))
+        seen[key] = (field, path)
+
+
+def _collision(field: str, path, other_field: str, other) -> str:
+    shown, other_shown = os.fspath(path), os.fspath(other)
+    both = "" if shown == other_shown else f" (both are {str(_resolved(path))!r})"
+    if field == other_field:  # two streams of one output template
+        return (f"{field}: two streams would write one file, {other_shown!r} and {shown!r}"
+                f"{both}; put {{index}} in the file name so each stream gets its own")
+    reads = other_field in ("config", "rollout.prompts", "rollout.actions")
+    verb = "overwrite its input" if reads else "write it twice, and one would be lost"
+    return (f"{field}: {shown!r} is the same file as {other_field} {other_shown!r}{both}; the "
+            f"run would {verb}; pick another name, like {_EXAMPLES.get(field, 'another')!r}")
+
+
+def is_same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two spellings name one file (or folder), existing or not."""
+    return _identity(a) == _identity(b)
+
+
+def _identity(path: str | os.PathLike) -> tuple:
+    """The file's device and inode when it exists (hard links too), else its resolved path."""
+    resolved = _resolved(path)
+    try:
+        stat = os.stat(resolved)
+    except OSError:
+        return ("path", str(resolved))
+    return ("inode", stat.st_dev, stat.st_ino)
+
+
+def _resolved(path: str | os.PathLike) -> Path:
+    return Path(os.path.realpath(Path(path).expanduser()))

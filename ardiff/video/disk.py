@@ -1,0 +1,204 @@
+"""Where encoded bytes meet the disk: work files, the space reserve, publishing.
+
+A writer never encodes into its target. It encodes into a *work* path beside it,
+unique to the process and the writer, and publishes that when the run ends:
+
+    out.mp4                                  the target: the old file until publish
+    .out.mp4.<pid>-<hex>.partial.mp4         the work file (one per writer)
+    .out.mp4.<pid>-<hex>.partial.mp4.reserve the space reserve (PyAV formats)
+    frames/.partial-<pid>-<hex>/             a PNG folder's work folder, inside it
+
+Publishing a file is one `os.replace`: the target is the old file or a whole new
+one, never a mix, and when two runs write one target the last to finish wins.
+Publishing a PNG folder moves each finished frame in (each rename atomic), then
+removes the `frame_*.png` the run did not write, under an exclusive lock on the
+folder: once the runs have ended it holds exactly one run's frames (the last to
+publish); while one publishes a reader may see old and new frames side by side.
+
+A full disk. Finishing a container needs room: mp4 writes its index (the moov
+atom) at the end, mkv/webm their cues, and every codec flushes frames it still
+holds. So an encoder that needs room holds a `SpaceReserve`: RESERVE_BYTES
+allocated beside the work file with the first frame. The first write that meets
+a full disk (ENOSPC, EDQUOT) frees it and is retried; `OutputFile.disk_error`
+keeps the error so the encoder stops after that frame and finishes the file in
+the freed room. A reserve that cannot be made (the disk is already that full, or
+the file system cannot preallocate) is skipped; the writer then says what it
+could keep. .npy, GIF and PNG folders need no room to finish (see encoders.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import shutil
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: concurrent PNG-folder publishes are not serialised
+    fcntl = None
+
+RESERVE_BYTES = 16 * 2**20  # holds an mkv cluster (<= 5 MiB) or mp4's index plus codec delay
+_SMALLER_RESERVE = 16       # a disk that cannot spare RESERVE_BYTES may spare 1/16 of it
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+FRAME_PATTERN = "frame_*.png"
+_RESERVE_SUFFIX = ".reserve"
+
+
+def work_path(target: Path, folder: bool = False) -> Path:
+    """A fresh work path for `target` (see the module docstring); nothing is created."""
+    tag = f"{os.getpid()}-{secrets.token_hex(4)}"
+    if folder:
+        return target / f".partial-{tag}"
+    return target.with_name(f".{target.name}.{tag}.partial{target.suffix}")
+
+
+def reserve_path(work: Path) -> Path:
+    return work.with_name(work.name + _RESERVE_SUFFIX)
+
+
+def _write(fd: int, data: memoryview) -> int:
+    """os.write: the one place encoded bytes go to a disk (tests put a full disk here)."""
+    return os.write(fd, data)
+
+
+class SpaceReserve:
+    """Disk space allocated at `path` to finish a file once the disk is full: RESERVE_BYTES,
+    or 1/16 of it when the disk cannot spare that.
+
+    Best effort: `held` is False when no space could be allocated. `release` frees it
+    (idempotent) and says whether there was any.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.held = path, False
+        for nbytes in (RESERVE_BYTES, RESERVE_BYTES // _SMALLER_RESERVE):
+            if nbytes > 0 and self._allocate(nbytes):
+                self.held = True
+                return
+
+    def _allocate(self, nbytes: int) -> bool:
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            finally:
+                os.close(fd)
+        except (OSError, AttributeError):  # full already, no preallocation, no posix_fallocate
+            self.release()
+            return False
+        return True
+
+    def release(self) -> bool:
+        held, self.held = self.held, False
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        return held
+
+
+class OutputFile:
+    """An unbuffered binary file the encoders (and PyAV, as a file object) write through.
+
+    Every `write` puts all its bytes on disk or raises OSError. The first full-disk
+    error spends the reserve, if any, and retries; it is kept in `disk_error` for the
+    encoder to stop on. An error a write raises is kept in `write_error` too, since
+    PyAV does not always pass it on. Writing after `close` raises ValueError (never a
+    reused fd).
+    """
+
+    def __init__(self, path: Path, reserve: SpaceReserve | None = None) -> None:
+        self.path, self._reserve = path, reserve
+        self.disk_error: OSError | None = None   # absorbed by the reserve
+        self.write_error: OSError | None = None  # raised to the caller: bytes are missing
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+
+    @property
+    def error(self) -> OSError | None:
+        """The first write error, absorbed or not: the encoder stops on it."""
+        return self.write_error or self.disk_error
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            try:
+                done += _write(self._fileno(), view[done:])
+            except OSError as exc:
+                if not self._spend_reserve(exc):
+                    self.write_error = self.write_error or exc
+                    raise
+        return done
+
+    def _spend_reserve(self, exc: OSError) -> bool:
+        if exc.errno not in DISK_FULL or self._reserve is None or not self._reserve.release():
+            return False
+        self.disk_error = exc
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return os.lseek(self._fileno(), offset, whence)
+
+    def tell(self) -> int:
+        return self.seek(0, os.SEEK_CUR)
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self._fileno(), size)
+
+    def flush(self) -> None:
+        pass  # unbuffered
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def _fileno(self) -> int:
+        if self._fd < 0:
+            raise ValueError(f"{self.path}: write to a closed output file")
+        return self._fd
+
+
+def publish_file(work: Path, target: Path) -> int:
+    """Move the finished `work` file onto `target` atomically; returns its size in bytes."""
+    size = work.stat().st_size
+    os.replace(work, target)
+    return size
+
+
+def publish_folder(work: Path, target: Path) -> int:
+    """Move `work`'s frames into `target` (see the module docstring); returns their bytes."""
+    frames = sorted(work.glob(FRAME_PATTERN))
+    size = sum(frame.stat().st_size for frame in frames)
+    names = {frame.name for frame in frames}
+    with _locked(target):
+        for frame in frames:
+            os.replace(frame, target / frame.name)
+        for stale in target.glob(FRAME_PATTERN):
+            if stale.name not in names:
+                stale.unlink(missing_ok=True)
+    discard(work)
+    return size
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def discard(work: Path) -> None:
+    """Remove a work file or folder and its reserve; quiet when they are gone already."""
+    if work.is_dir() and not work.is_symlink():
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(work)
+    with contextlib.suppress(OSError):
+        os.unlink(reserve_path(work))

@@ -1,0 +1,212 @@
+"""ardiff/rollout/paths.py: the paths a run reads and writes, checked before any compute.
+
+Library first (odd path strings, one file through many spellings, the collision
+messages), then what a user sees: `run_rollout` refusing a collision before the
+pipeline runs, and `ardiff rollout` (in-process, Typer's runner) refusing `--json` or
+an output that is an input, and expanding `~` in every path it reads. The one-line
+messages of these refusals through the CLI are also rows of the bad-input catalogue
+(tests/support/catalogue_cases.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from ardiff.config.run import build_config
+from ardiff.errors import ConfigError, OutputPathError
+from ardiff.rollout.inputs import output_path_for, read_actions, read_prompts
+from ardiff.rollout.job import run_rollout
+from ardiff.rollout.paths import (check_path_text, check_rollout_paths, check_run_paths,
+                                  is_same_file)
+from ardiff_cli.main import app
+
+SUPPORT = Path(__file__).parents[1] / "support"
+RECORDING = SUPPORT / "rollout_pipelines.py"
+
+
+def make_config(folder: Path, output: str = "out.npy", **rollout):
+    data = {"pipeline": {"entry": f"{RECORDING}:RecordingPipeline",
+                         "args": {"log": str(folder / "log.jsonl")}},
+            "runtime": {"device": "cpu", "memory_budget": "16MiB"},
+            "rollout": {"frames": 4, "prompt": "p", **rollout},
+            "output": {"path": output, "fps": 8}}
+    return build_config(data, base_dir=folder)
+
+
+def write_config(folder: Path, output: str = "out.npy", **rollout) -> Path:
+    data = {"pipeline": {"entry": f"{RECORDING}:RecordingPipeline", "args": {}},
+            "runtime": {"device": "cpu", "memory_budget": "16MiB"},
+            "rollout": {"frames": 4, "prompt": "p", **rollout},
+            "output": {"path": output, "fps": 8}}
+    path = folder / "run.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def ardiff(cwd: Path, *args: object):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(cwd)
+        return CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+# -- one path string ---------------------------------------------------------------------------
+@pytest.mark.parametrize("field, text, error, message", [
+    ("output.path", "", OutputPathError, r"^output\.path: '' is empty; give a file name like "
+                                         r"'out\.mp4'$"),
+    ("output.path", "   ", OutputPathError, r"^output\.path: '   ' is blank"),
+    ("output.path", "a\0.mp4", OutputPathError, r"^output\.path: 'a\\x00\.mp4' holds a NUL "
+                                                r"byte \(\\0\), which no file name can; remove"),
+    ("--json", "", OutputPathError, r"^--json: '' is empty; give a file name like 'stats\.json'"),
+    ("--json", "runs/", OutputPathError, r"^--json: 'runs/' names a folder, and a file is "
+                                         r"needed here; give a file name like "
+                                         r"'runs/stats\.json'$"),
+    ("--json", ".", OutputPathError, r"^--json: '\.' names a folder"),
+    ("--json", "a/..", OutputPathError, r"^--json: 'a/\.\.' names a folder"),
+    ("rollout.prompts", "\t", ConfigError, r"^rollout\.prompts: '\\t' is blank; give a file "
+                                           r"name like 'prompts\.txt'$"),
+    ("rollout.actions", "moves/", ConfigError, r"^rollout\.actions: 'moves/' names a folder"),
+])
+def test_a_path_no_file_can_have_is_refused_naming_field_and_value(field, text, error, message):
+    with pytest.raises(error, match=message) as caught:
+        check_path_text(field, text)
+    assert isinstance(caught.value, error) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("text", ["frames/", ".", "..", "out.mp4", "runs/{index}.mkv"])
+def test_an_output_may_name_a_folder(text):
+    check_path_text("output.path", text, file_needed=False)  # a PNG folder: no error
+
+
+def test_an_output_template_is_checked_and_its_tilde_expanded(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert output_path_for("~/clips/out-{index}.mp4", 1, 2) == tmp_path / "clips" / "out-1.mp4"
+    with pytest.raises(OutputPathError, match=r"^output\.path: '' is empty"):
+        output_path_for("", 0, 1)
+
+
+def test_prompt_and_action_files_expand_tilde_and_refuse_odd_names(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "prompts.txt").write_text("a\nb\n")
+    (tmp_path / "actions.yaml").write_text("[left, right]\n")
+    elsewhere = tmp_path / "elsewhere"
+    assert read_prompts("~/prompts.txt", elsewhere) == ["a", "b"]
+    assert read_actions("~/actions.yaml", elsewhere) == (("left",), ("right",))
+    with pytest.raises(ConfigError, match=r"^rollout\.prompts: 'lists/' names a folder"):
+        read_prompts("lists/", tmp_path)
+    with pytest.raises(ConfigError, match=r"^rollout\.actions: '' is empty"):
+        read_actions("", tmp_path)
+
+
+# -- one file, many spellings ----------------------------------------------------------------
+def test_one_file_is_one_file_whatever_the_spelling(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "run.yaml").write_text("x")
+    (tmp_path / "link.yaml").symlink_to(tmp_path / "run.yaml")
+    os.link(tmp_path / "run.yaml", tmp_path / "hard.yaml")
+    for spelling in ["run.yaml", "./run.yaml", "sub/../run.yaml", str(tmp_path / "run.yaml"),
+                     "~/run.yaml", "link.yaml", "hard.yaml", Path("run.yaml")]:
+        assert is_same_file(spelling, "run.yaml"), spelling
+    assert is_same_file("new.mp4", str(tmp_path / "sub" / ".." / "new.mp4"))  # neither exists
+    assert not is_same_file("run.yaml", "sub/run.yaml")
+    assert not is_same_file("new.mp4", "run.yaml")
+
+
+# -- collisions ----------------------------------------------------------------------------
+def test_an_output_that_is_an_input_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.yaml").write_text("x")
+    with pytest.raises(OutputPathError, match=r"^output\.path: 'run\.yaml' is the same file as "
+                                              r"config 'run\.yaml'; the run would overwrite its "
+                                              r"input; pick another name, like 'out\.mp4'$"):
+        check_run_paths([("output.path", "run.yaml")], [("config", "run.yaml")])
+
+
+def test_two_written_paths_that_are_one_file_are_refused_with_both_spellings(tmp_path,
+                                                                             monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OutputPathError) as caught:
+        check_run_paths([("output.path", "out.mp4"), ("--json", "./out.mp4")], [])
+    assert str(caught.value) == (
+        f"--json: './out.mp4' is the same file as output.path 'out.mp4' (both are "
+        f"'{tmp_path / 'out.mp4'}'); the run would write it twice, and one would be lost; "
+        f"pick another name, like 'stats.json'")
+
+
+def test_distinct_paths_pass(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    check_run_paths([("output.path", "a.mp4"), ("output.path", "b.mp4"), ("--json", "s.json")],
+                    [("config", "run.yaml"), ("rollout.prompts", "p.txt")])
+
+
+def test_inputs_resolve_against_the_config_folder_and_outputs_against_the_cwd(tmp_path,
+                                                                            monkeypatch):
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "prompts.txt").write_text("a\n")
+    monkeypatch.chdir(tmp_path)
+    config = make_config(configs, output="configs/prompts.txt", prompts="prompts.txt")
+    with pytest.raises(OutputPathError, match=r"^output\.path: 'configs/prompts\.txt' is the "
+                                              r"same file as rollout\.prompts '.*prompts\.txt'"):
+        check_rollout_paths(config)
+    check_rollout_paths(make_config(configs, output="prompts.txt", prompts="prompts.txt"))
+
+
+def test_two_streams_that_would_write_one_file_are_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = make_config(tmp_path, output="x{index}/../out.mp4", prompts=["a", "b"])
+    with pytest.raises(OutputPathError, match=r"^output\.path: two streams would write one "
+                                              r"file, 'x0/\.\./out\.mp4' and 'x1/\.\./out\.mp4'"):
+        check_rollout_paths(config)
+
+
+def test_run_rollout_refuses_an_output_that_is_its_actions_file_before_any_block(tmp_path):
+    actions = tmp_path / "moves.npy"
+    actions.write_text("[left]\n")  # YAML, with a name the writer would take for a video
+    config = make_config(tmp_path, output=str(actions), actions=str(actions))
+
+    with pytest.raises(OutputPathError, match=r"^output\.path: '.*moves\.npy' is the same file "
+                                              r"as rollout\.actions"):
+        run_rollout(config)
+    assert actions.read_text() == "[left]\n"
+    assert not (tmp_path / "log.jsonl").exists()  # no block ran
+
+
+# -- through the command line --------------------------------------------------------------
+def test_json_that_is_the_config_through_a_symlink_is_refused_and_nothing_changes(tmp_path):
+    config = write_config(tmp_path)
+    (tmp_path / "stats.json").symlink_to(config)
+    before = config.read_text()
+
+    result = ardiff(tmp_path, "rollout", "run.yaml", "--json", "stats.json")
+
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --json: 'stats.json' is the same file as config "
+                                    "'run.yaml' (both are ")
+    assert config.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml", "stats.json"]
+
+
+def test_every_path_the_command_reads_or_writes_expands_tilde(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    write_config(home, output="~/out.npy", prompts="~/prompts.txt")
+    (home / "prompts.txt").write_text("a\n")
+    (home / "actions.yaml").write_text("[left]\n")
+
+    result = ardiff(tmp_path, "rollout", "~/run.yaml", "--actions", "~/actions.yaml",
+                    "--json", "~/stats.json", "--quiet")
+
+    assert result.exit_code == 0, result.stderr
+    assert np.load(home / "out.npy").shape[0] == 4
+    assert json.loads((home / "stats.json").read_text())["outputs"][0]["frames"] == 4
+    assert not (tmp_path / "~").exists()

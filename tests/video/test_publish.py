@@ -1,0 +1,202 @@
+"""Work files and publishing (ardiff/video/disk.py, writer.py): a target is the old file or a
+whole new one, never a mix; work files are the writer's own and never outlive it.
+
+Concurrency is tested with two writers on one target in two threads (fast) and, marked
+slow, in two processes. A PNG folder's guarantee is weaker than a file's and tested as
+documented: once every run has ended it holds exactly one run's frames.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+from PIL import Image
+
+from ardiff.errors import EncoderError
+from ardiff.video import encoders
+from ardiff.video.writer import VideoWriter
+
+H, W = 8, 8
+
+
+def flat(value: int, count: int) -> np.ndarray:
+    return np.full((count, H, W, 3), value, np.uint8)
+
+
+def work_files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
+                  if ".partial" in p.name or p.name.endswith(".reserve"))
+
+
+def values(path: Path) -> list[int]:
+    """The flat value of each frame of an .npy, .mkv or PNG-folder video."""
+    if path.is_dir():
+        frames = [np.asarray(Image.open(p)) for p in sorted(path.glob("frame_*.png"))]
+    elif path.suffix == ".npy":
+        frames = list(np.load(path))
+    else:
+        with av.open(str(path)) as container:
+            frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    return [int(frame[0, 0, 0]) for frame in frames]
+
+
+# -- work files ---------------------------------------------------------------------------------
+def test_each_writer_encodes_into_its_own_hidden_work_file(tmp_path):
+    first, second = VideoWriter(tmp_path / "out.npy", 8), VideoWriter(tmp_path / "out.npy", 8)
+    first.write(flat(1, 2))
+    second.write(flat(2, 2))
+    deadline = time.monotonic() + 5
+    while len(work_files(tmp_path)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+    names = work_files(tmp_path)
+    assert len(names) == 2 and all(name.startswith(f".out.npy.{os.getpid()}-") and
+                                   name.endswith(".partial.npy") for name in names)
+    assert not (tmp_path / "out.npy").exists()  # nothing is published before close
+    first.close(), second.close()
+    assert work_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("ending", ["close", "exception", "ctrl-c", "encoder failure"])
+@pytest.mark.parametrize("output", ["out.mp4", "out.npy", "frames/"])
+def test_no_work_file_outlives_the_writer(tmp_path, monkeypatch, ending, output):
+    if ending == "encoder failure":
+        for cls in (encoders.PyAVEncoder, encoders.NpyEncoder, encoders.PngDirEncoder):
+            monkeypatch.setattr(cls, "_encode_frame", lambda self, frame: 1 / 0)
+    raised = {"close": None, "exception": RuntimeError, "ctrl-c": KeyboardInterrupt,
+              "encoder failure": EncoderError}[ending]
+    try:
+        with VideoWriter(tmp_path / output, 8) as writer:
+            writer.write(flat(7, 3))
+            if ending == "exception":
+                raise RuntimeError("the pipeline broke")
+            if ending == "ctrl-c":
+                raise KeyboardInterrupt
+    except BaseException as exc:  # noqa: BLE001
+        assert raised is not None and isinstance(exc, raised)
+    assert work_files(tmp_path) == []
+    assert writer.info.frames == (0 if ending == "encoder failure" else 3)
+
+
+@pytest.mark.slow
+def test_an_unclosed_writer_leaves_no_work_file_when_the_process_exits(tmp_path):
+    script = textwrap.dedent(f"""
+        import numpy as np
+        from ardiff.video.writer import VideoWriter
+        writer = VideoWriter({str(tmp_path / 'out.mp4')!r}, 8)
+        writer.write(np.zeros((4, 8, 8, 3), np.uint8))
+        # the script ends without close()
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    assert work_files(tmp_path) == [] and not (tmp_path / "out.mp4").exists()
+
+
+# -- a run that wrote no frame ------------------------------------------------------------
+def test_a_run_without_frames_leaves_an_old_png_folder_untouched(tmp_path):
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    (folder / "frame_000000.png").write_bytes(b"old")
+    with VideoWriter(f"{folder}/", 8):
+        pass
+    assert sorted(p.name for p in folder.iterdir()) == ["frame_000000.png"]
+    assert VideoWriter(tmp_path / "new", 8).close().frames == 0
+    assert not (tmp_path / "new").exists()  # not even made
+
+
+def test_a_png_folder_whose_first_frame_fails_is_not_left_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr(encoders.PngDirEncoder, "_encode_frame", lambda self, frame: 1 / 0)
+    writer = VideoWriter(tmp_path / "frames", 8)
+    writer.write(flat(1, 1))
+    with pytest.raises(EncoderError, match="failed after 0 frames .*ZeroDivisionError"):
+        writer.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_publishing_a_png_folder_replaces_its_frames_and_keeps_other_files(tmp_path):
+    folder = tmp_path / "frames"
+    with VideoWriter(folder, 8) as writer:
+        writer.write(flat(10, 5))
+    (folder / "notes.txt").write_text("mine")
+    with VideoWriter(folder, 8) as writer:
+        writer.write(flat(20, 2))
+    assert values(folder) == [20, 20]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "frame_000000.png", "frame_000001.png", "notes.txt"]
+
+
+# -- two runs, one target ------------------------------------------------------------------
+@pytest.mark.parametrize("output", ["out.npy", "out.mkv", "frames"])
+def test_two_writers_on_one_target_leave_one_whole_video(tmp_path, output):
+    """Writers A (5 frames of 50) and B (3 of 90) interleave writes and close at once."""
+    target = tmp_path / output
+    for _ in range(3):
+        writers = {50: VideoWriter(target, 8), 90: VideoWriter(target, 8)}
+        for step in range(5):
+            for value, writer in writers.items():
+                if step < (5 if value == 50 else 3):
+                    writer.write(flat(value, 1))
+        start = threading.Barrier(2)
+
+        def close(writer):
+            start.wait()
+            writer.close()
+
+        threads = [threading.Thread(target=close, args=(w,)) for w in writers.values()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert values(target) in ([50] * 5, [90] * 3)
+        assert work_files(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_two_processes_writing_one_target_leave_one_whole_file(tmp_path):
+    script = textwrap.dedent("""
+        import sys
+        import numpy as np
+        from ardiff.video.writer import VideoWriter
+        value, target = int(sys.argv[1]), sys.argv[2]
+        for _ in range(20):
+            with VideoWriter(target, 8) as writer:
+                for _ in range(value // 10):
+                    writer.write(np.full((1, 8, 8, 3), value, np.uint8))
+    """)
+    target = tmp_path / "out.mkv"
+    runs = [subprocess.Popen([sys.executable, "-c", script, str(value), str(target)])
+            for value in (30, 60)]
+    assert [run.wait(timeout=120) for run in runs] == [0, 0]
+    assert values(target) in ([30] * 3, [60] * 6)
+    assert work_files(tmp_path) == []
+
+
+# -- Ctrl-C while the file is finished -------------------------------------------------------
+def test_ctrl_c_while_close_waits_for_the_encoder_still_publishes_every_frame(tmp_path,
+                                                                               monkeypatch):
+    original = encoders.NpyEncoder._encode_frame
+
+    def slow(self, frame):
+        time.sleep(0.01)
+        if self.frames == 3:  # by now the main thread waits in close()
+            _thread.interrupt_main()  # Ctrl-C
+        original(self, frame)
+
+    monkeypatch.setattr(encoders.NpyEncoder, "_encode_frame", slow)
+    writer = VideoWriter(tmp_path / "out.npy", 8)
+    writer.write(flat(3, 10))
+
+    with pytest.raises(KeyboardInterrupt):
+        writer.close()
+
+    assert writer.info.frames == 10 == len(np.load(tmp_path / "out.npy"))
+    assert work_files(tmp_path) == []
