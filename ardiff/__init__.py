@@ -22,6 +22,7 @@ _LAZY = {
     "Runner": "ardiff.engine.runner", "BlockResult": "ardiff.engine.runner",
     "build_runner": "ardiff.engine.build", "inspect_spec": "ardiff.engine.build",
     "run_rollout": "ardiff.rollout.job", "ProgressEvent": "ardiff.rollout.job",
+    "RolloutStop": "ardiff.rollout.job",
     "RolloutReport": "ardiff.rollout.report",
     "load_config": "ardiff.config.run", "build_config": "ardiff.config.run",
     "RunConfig": "ardiff.config.run",

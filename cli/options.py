@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import stat
+import tempfile
 from pathlib import Path
 from typing import List, Optional
 
@@ -64,8 +68,37 @@ def write_json_file(json_path: str, data: dict, kept: str = "") -> Optional[str]
     None. `kept` says what survives, e.g. "the video is kept; "."""
     path = Path(json_path).expanduser()
     try:
-        path.write_text(json.dumps(data, indent=2) + "\n")
+        _write_whole(path, json.dumps(data, indent=2) + "\n")
     except OSError as exc:
         return (f"--json: cannot write {str(path)!r} ({type(exc).__name__}: {exc}); {kept}"
                 f"check free disk space and permissions")
     return None
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Write `text` so a reader sees the old file or the new one, never a mix: a regular file
+    (or a new one) is written beside its target (a symlink's target) and moved over it in one
+    os.replace; anything else (a device such as /dev/full, a FIFO) is written directly."""
+    target = Path(os.path.realpath(path))
+    if target.exists() and not target.is_file():
+        target.write_text(text)
+        return
+    fd, work = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(text)
+        os.chmod(work, _mode_for(target))
+        os.replace(work, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(work)
+        raise
+
+
+def _mode_for(target: Path) -> int:
+    """The existing file's permissions, or what a plain open() would give a new file."""
+    if target.exists():
+        return stat.S_IMODE(target.stat().st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask

@@ -202,7 +202,7 @@ class Runner:
                 else self.pipeline.close_ar_diffusion_session)
         try:
             hook(session_id)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a hook that calls exit() is a failing hook
             errors.append(exc)
         if session_id in self.sessions:
             self.sessions.remove(session_id, why)

@@ -7,6 +7,7 @@ from pathlib import Path
 import yaml
 
 from ardiff.config import yaml_loader
+from ardiff.config.text import short_repr
 from ardiff.errors import ConfigError
 from ardiff.rollout.paths import check_path_text
 
@@ -32,7 +33,8 @@ def read_prompts(prompts: list[str] | str | None, base_dir: Path) -> list[str] |
         return prompts
     path = _resolve(prompts, base_dir, "rollout.prompts")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        # Lines end at \n (or \r\n) only: U+2028 or a form feed inside a prompt is text.
+        lines = path.read_text(encoding="utf-8").replace("\r\n", "\n").split("\n")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"rollout.prompts: cannot read {str(path)!r} ({exc.__class__.__name__}: "
                           f"{exc}); give a UTF-8 text file with one prompt per line") from exc
@@ -55,7 +57,8 @@ def read_actions(actions: list | str | None,
     if isinstance(actions, str):
         where, actions = _load_actions_file(_resolve(actions, base_dir, "rollout.actions"))
     if not isinstance(actions, list) or not actions:
-        raise ConfigError(f"{where}: expected a non-empty list of actions, got {actions!r}")
+        raise ConfigError(f"{where}: expected a non-empty list of actions, got "
+                          f"{short_repr(actions)}")
     return tuple(_action_entry(entry, f"{where}[{i}]") for i, entry in enumerate(actions))
 
 
@@ -80,8 +83,8 @@ def _action_entry(entry: object, where: str) -> tuple[str, ...]:
         return (entry,)
     if isinstance(entry, list) and entry and all(isinstance(a, str) and a for a in entry):
         return tuple(entry)
-    raise ConfigError(f"{where}: {entry!r} is not an action; use a name like left or a list "
-                      f"of names, one per frame of the block")
+    raise ConfigError(f"{where}: {short_repr(entry)} is not an action; use a name like left or "
+                      f"a list of names, one per frame of the block")
 
 
 def output_path_for(template: str, index: int, num_streams: int) -> Path:

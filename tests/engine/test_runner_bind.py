@@ -157,3 +157,18 @@ def test_nullcontext_binds_work_too():
 
     runner = make_runner(Plain())
     assert frame_ids(run(runner, "a", 2)[1]) == [2, 3]
+
+
+class ExitingCloseHook(probe.ProbePipeline):
+    def close_ar_diffusion_session(self, session_id):
+        super().close_ar_diffusion_session(session_id)
+        raise SystemExit(3)
+
+
+def test_a_close_hook_that_calls_exit_is_a_failing_hook_and_the_session_still_goes():
+    runner = make_runner(ExitingCloseHook())
+    run(runner, "a", 2)
+    with pytest.raises(ardiff.PipelineError, match=r"releasing session 'a' \(closed\): "
+                                                   r"SystemExit: 3"):
+        runner.close_session("a")
+    assert "a" not in runner.sessions and pages_in_use(runner) == 0

@@ -210,3 +210,14 @@ def test_every_path_the_command_reads_or_writes_expands_tilde(tmp_path, monkeypa
     assert np.load(home / "out.npy").shape[0] == 4
     assert json.loads((home / "stats.json").read_text())["outputs"][0]["frames"] == 4
     assert not (tmp_path / "~").exists()
+
+
+def test_a_prompt_may_hold_a_line_separator_or_form_feed(tmp_path):
+    (tmp_path / "prompts.txt").write_text("a cat\u2028on a mat\nits\x0cshadow\r\n# note\n\n")
+    assert read_prompts("prompts.txt", tmp_path) == ["a cat\u2028on a mat", "its\x0cshadow"]
+
+
+def test_an_actions_message_does_not_grow_with_the_input(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        read_actions([["left", 3] * 10_000], tmp_path)
+    assert len(str(info.value)) < 400
