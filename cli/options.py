@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import stat
 import tempfile
@@ -34,9 +35,17 @@ OverrideList = Optional[List[str]]
 def flag_overrides(**flags: object) -> list[str]:
     """Turn CLI flags given as `dotted_key=value` pairs into `--set` overrides (None: unset).
 
-    Values are JSON-encoded (JSON is YAML), so a prompt like `a: b` stays a string.
+    Values are JSON-encoded (JSON is YAML), so a prompt like `a: b` stays a string; a float
+    that is not finite is written as YAML's `.nan` / `.inf`, so the config's range check (not
+    a type error about a string 'NaN') names it.
     """
-    return [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]
+    return [f"{key}={_yaml_value(value)}" for key, value in flags.items() if value is not None]
+
+
+def _yaml_value(value: object) -> str:
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else ("-.inf" if value < 0 else ".inf")
+    return json.dumps(value)
 
 
 def load_run_config(config: Optional[Path], overrides: Optional[List[str]],

@@ -136,3 +136,13 @@ def test_the_installed_command_ends_quietly_on_a_closed_pipe_and_a_full_disk():
             filled = subprocess.run([ARDIFF, "config-schema"], stdout=full,
                                     stderr=subprocess.PIPE, text=True, timeout=60)
         assert (filled.returncode, filled.stderr) == (1, STDOUT_FULL + "\n")
+
+
+@pytest.mark.parametrize("value, shown", [("nan", "nan"), ("inf", "inf"), ("-inf", "-inf")])
+def test_a_flag_that_is_not_a_finite_number_gets_the_configs_range_message(ardiff_main, value,
+                                                                           shown, tmp_path):
+    result = ardiff_main("rollout", "--fps", value, "-o", tmp_path / "x.npy")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (f"error: output.fps: {shown} is invalid; it must be a "
+                                     f"finite number; try 16")
+    assert not (tmp_path / "x.npy").exists()
