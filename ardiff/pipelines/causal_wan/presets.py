@@ -1,0 +1,62 @@
+"""Named recipes of the causal-Wan family: sampler steps, shift and window.
+
+| preset       | steps (warped?)                | shift | window / sink (frames) | weights         |
+|--------------|--------------------------------|-------|------------------------|-----------------|
+| self-forcing | 1000 750 500 250 (warped)      | 5     | 21 / 0                 | generator_ema   |
+| causvid      | 1000 757 522                   | 8     | 21 / 0                 | generator       |
+| longlive     | 1000 750 500 250 (warped)      | 5     | 9 / 3                  | generator + LoRA|
+
+Self-Forcing / LongLive name their window `local_attn_size L` (frames in the KV cache,
+sink included; -1 means Self-Forcing's 21-frame cache) and `sink_size S`. A block sees S
+sink frames plus the most recent L - S frames counting itself, so in ardiff's words
+`window_frames = L - S`, `sink_frames = S` (LongLive's 12 / 3 -> window 9, sink 3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ardiff.errors import ConfigError
+from ardiff.pipelines.causal_wan.schedule import FlowTable
+
+SELF_FORCING_CACHE_FRAMES = 21  # local_attn_size -1: a 32760-token cache = 21 frames of 1560
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One checkpoint family's sampler and window defaults."""
+
+    name: str
+    denoising_steps: tuple[int, ...]
+    shift: float
+    warp: bool
+    window_frames: int
+    sink_frames: int
+    use_ema: bool
+
+    @property
+    def table(self) -> FlowTable:
+        return FlowTable(self.shift)
+
+    def timesteps(self, steps: tuple[int, ...] | None = None) -> list[float]:
+        """The model timesteps of the denoising steps (the preset's, or `steps`)."""
+        steps = self.denoising_steps if steps is None else steps
+        return [self.table.warp(s) if self.warp else float(s) for s in steps]
+
+
+PRESETS = {p.name: p for p in (
+    Preset("self-forcing", (1000, 750, 500, 250), 5.0, True,
+           window_frames=SELF_FORCING_CACHE_FRAMES, sink_frames=0, use_ema=True),
+    Preset("causvid", (1000, 757, 522), 8.0, False,
+           window_frames=SELF_FORCING_CACHE_FRAMES, sink_frames=0, use_ema=False),
+    Preset("longlive", (1000, 750, 500, 250), 5.0, True,
+           window_frames=12 - 3, sink_frames=3, use_ema=False),   # local_attn_size 12, sink 3
+)}
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called `name`; raises `ConfigError` naming the known ones."""
+    if name not in PRESETS:
+        raise ConfigError(f"pipeline.args.preset: {name!r} is not a causal-Wan preset; use one "
+                          f"of {', '.join(PRESETS)}")
+    return PRESETS[name]
