@@ -84,8 +84,8 @@ def run_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], None] | N
     stop = stop or RolloutStop()
     resolved = resolve(config)
     spec = resolved.spec
-    plan = plan_rollout(config, spec,
-                        spec.frames_per_block * _video_frames_per_latent(resolved.pipeline))
+    per_block, first_block = _video_frames_per_block(resolved.pipeline, spec.frames_per_block)
+    plan = plan_rollout(config, spec, per_block, first_block)
     check_rollout_paths(config, [stream.output_path for stream in plan.streams])
     out = config.output
     for stream in plan.streams:
@@ -107,12 +107,22 @@ def run_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], None] | N
     return report
 
 
-def _video_frames_per_latent(pipeline: Any) -> int:
-    value = getattr(pipeline, "video_frames_per_latent_frame", 1)
+def _video_frames_per_block(pipeline: Any, latent_frames: int) -> tuple[int, int]:
+    """Video frames of a block, and of a session's first block: the decoder makes
+    `video_frames_per_latent_frame` (default 1) per latent frame, and
+    `video_frames_first_latent_frame` (default: the same) for a session's first one."""
+    per = _frames_attribute(pipeline, "video_frames_per_latent_frame", 1,
+                            "video frames the decoder makes per latent frame")
+    first = _frames_attribute(pipeline, "video_frames_first_latent_frame", per,
+                              "video frames the decoder makes for a session's first latent frame")
+    return latent_frames * per, first + (latent_frames - 1) * per
+
+
+def _frames_attribute(pipeline: Any, name: str, default: int, meaning: str) -> int:
+    value = getattr(pipeline, name, default)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise PipelineLoadError(f"pipeline: video_frames_per_latent_frame is {value!r}; it must "
-                                f"be an integer >= 1 (video frames the decoder makes per latent "
-                                f"frame), or leave it undefined for 1")
+        raise PipelineLoadError(f"pipeline: {name} is {value!r}; it must be an integer >= 1 "
+                                f"({meaning}), or leave it undefined for {default}")
     return int(value)
 
 

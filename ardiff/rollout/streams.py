@@ -1,12 +1,21 @@
 """The rollout: which blocks to run for which session, built from the config, then driven.
 
-    plan = plan_rollout(config, spec, video_frames_per_block)   # checks everything up front
+    plan = plan_rollout(config, spec, video_frames_per_block, first_block_frames)
     for event in iter_rollout(runner, plan): ...                # frames as they arrive
 
 One *stream* per prompt: its own session and its own output file. Streams run
 one after another, or round-robin when `rollout.interleave` is set (then all
 must be resident at once). Every stream writes exactly `rollout.frames` video
 frames: whole blocks run, the last one is cut.
+
+A decoder may make fewer video frames for a session's first block than for
+the others (a causal video VAE turns the first latent frame into 1 frame and
+every later one into 4): the plan walks each stream's blocks once, so block
+starts, prompt-switch blocks and the positions checked against
+`max_model_len` are exact, a reset starting a session (and a short block) again.
+
+    video frames   0 .. 8 | 9 .. 20 | 21 .. 32 | ...     first block 9, then 12
+    blocks              0 |       1 |        2 | ...
 """
 
 from __future__ import annotations
@@ -24,13 +33,26 @@ from ardiff.contract.spec import ARDiffusionKVCacheSpec
 
 
 @dataclass(frozen=True)
+class BlockSlot:
+    """One planned block of a stream: where its frames start, the prompt in force, and the
+    `on_switch` of a prompt switch that applies from this block (None: no switch)."""
+
+    start_frame: int             # video frame of the stream where the block's frames start
+    num_frames: int              # video frames the block is expected to make
+    prompt: PromptSwitch
+    switching: str | None
+    session_block: int           # the block's index in its session (0 after a reset)
+
+
+@dataclass(frozen=True)
 class Stream:
-    """One prompt's rollout: a session, a prompt schedule and an output path."""
+    """One prompt's rollout: a session, a prompt schedule, an output path and its blocks."""
 
     index: int
     session_id: str
     schedule: tuple[PromptSwitch, ...]
     output_path: Path
+    blocks: tuple[BlockSlot, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -40,6 +62,7 @@ class RolloutPlan:
     streams: tuple[Stream, ...]
     frames: int                    # video frames written per stream
     video_frames_per_block: int    # expected; the first block of each stream confirms it
+    first_block_frames: int        # a session's first block (fewer for a causal video VAE)
     actions: tuple[tuple[str, ...], ...] | None
     interleave: bool
     seed: int
@@ -49,11 +72,16 @@ class RolloutPlan:
 
     @property
     def blocks_per_stream(self) -> int:
-        return ceil_div(self.frames, self.video_frames_per_block)
+        """Blocks of the longest stream (they differ only when a schedule resets)."""
+        return max(len(stream.blocks) for stream in self.streams)
 
     def switch_block(self, switch: PromptSwitch) -> int:
-        """The block a switch applies to: the first one starting at or after its frame."""
-        return ceil_div(switch.frame, self.video_frames_per_block)
+        """The block a switch applies to in a session that is not reset before it: the first
+        one starting at or after its frame."""
+        if switch.frame <= 0:
+            return 0
+        rest = max(0, switch.frame - self.first_block_frames)
+        return 1 + ceil_div(rest, self.video_frames_per_block)
 
 
 @dataclass(frozen=True)
@@ -67,21 +95,46 @@ class BlockEvent:
     frames_written: int   # this stream's frames so far, including these
 
 
-def plan_rollout(config: RunConfig, spec: ARDiffusionKVCacheSpec,
-                 video_frames_per_block: int) -> RolloutPlan:
+def plan_rollout(config: RunConfig, spec: ARDiffusionKVCacheSpec, video_frames_per_block: int,
+                 first_block_frames: int | None = None) -> RolloutPlan:
     """Build and check the plan: prompts, actions, outputs and positions (`check_capacity`
-    checks it against a runner's plan once that exists)."""
+    checks it against a runner's plan once that exists). `first_block_frames` defaults to
+    `video_frames_per_block`."""
     rollout = config.rollout
+    first = video_frames_per_block if first_block_frames is None else first_block_frames
     schedules = _schedules(config)
     outputs = _output_paths(config.output.path, len(schedules))
-    streams = tuple(Stream(i, f"stream-{i}", schedule, output)
+    streams = tuple(Stream(i, f"stream-{i}", schedule, output,
+                           walk_blocks(schedule, rollout.frames, first, video_frames_per_block))
                     for i, (schedule, output) in enumerate(zip(schedules, outputs)))
     actions = read_actions(rollout.actions, config.base_dir)
-    plan = RolloutPlan(streams, rollout.frames, video_frames_per_block, actions,
+    plan = RolloutPlan(streams, rollout.frames, video_frames_per_block, first, actions,
                        rollout.interleave and len(streams) > 1, rollout.seed,
                        rollout.negative_prompt, rollout.num_steps, rollout.guidance_scale)
     _check_positions(plan, spec)
     return plan
+
+
+def walk_blocks(schedule: tuple[PromptSwitch, ...], frames: int, first_block_frames: int,
+                video_frames_per_block: int) -> tuple[BlockSlot, ...]:
+    """The blocks that write `frames` video frames under `schedule`: a switch applies to the
+    first block starting at or after its frame; a session's first block (the stream's, or the
+    one after an `on_switch: reset`) makes `first_block_frames`, the others
+    `video_frames_per_block`."""
+    pending, current = list(schedule[1:]), schedule[0]
+    slots: list[BlockSlot] = []
+    start, session_block = 0, 0
+    while start < frames:
+        switching = None
+        while pending and pending[0].frame <= start:
+            current = pending.pop(0)
+            switching = current.on_switch
+        if switching == "reset":
+            session_block = 0
+        size = first_block_frames if session_block == 0 else video_frames_per_block
+        slots.append(BlockSlot(start, size, current, switching, session_block))
+        start, session_block = start + size, session_block + 1
+    return tuple(slots)
 
 
 def output_paths(config: RunConfig) -> tuple[Path, ...]:
@@ -106,12 +159,12 @@ def _schedules(config: RunConfig) -> list[tuple[PromptSwitch, ...]]:
 def _check_positions(plan: RolloutPlan, spec: ARDiffusionKVCacheSpec) -> None:
     """Refuse a rollout whose frame positions would pass max_model_len (before it starts)."""
     for stream in plan.streams:
-        resets = [plan.switch_block(s) for s in stream.schedule if s.on_switch == "reset"]
-        starts = sorted({0, *resets, plan.blocks_per_stream})
-        longest = max(b - a for a, b in zip(starts, starts[1:]))
+        longest = max(slot.session_block for slot in stream.blocks) + 1
         positions = longest * spec.frames_per_block
         if positions > spec.max_model_len:
-            fit = spec.max_model_len // spec.frames_per_block * plan.video_frames_per_block
+            blocks_that_fit = spec.max_model_len // spec.frames_per_block
+            fit = 0 if blocks_that_fit == 0 else (
+                plan.first_block_frames + (blocks_that_fit - 1) * plan.video_frames_per_block)
             raise ConfigError(
                 f"rollout.frames: {plan.frames} frames need {longest} blocks in a row, frame "
                 f"positions up to {positions}, but the pipeline's max_model_len is "
@@ -154,15 +207,15 @@ def iter_rollout(runner: Any, plan: RolloutPlan) -> Iterator[BlockEvent]:
 
 
 def build_request(plan: RolloutPlan, stream: Stream, block_index: int) -> RolloutRequest:
-    """The request for one block: the prompt in force, its switch action, the block's actions."""
-    current = stream.schedule[0]
-    switching = None
-    for switch in stream.schedule:
-        switch_block = plan.switch_block(switch)
-        if switch_block <= block_index:
-            current = switch
-        if switch_block == block_index and switch.frame > 0:
-            switching = switch.on_switch
+    """The request for one block: the prompt in force, its switch action, the block's actions.
+
+    A block past the planned ones (a pipeline that makes fewer frames than it declared)
+    keeps the last prompt and switches nothing."""
+    if block_index < len(stream.blocks):
+        slot = stream.blocks[block_index]
+        current, switching = slot.prompt, slot.switching
+    else:
+        current, switching = stream.blocks[-1].prompt, None
     actions = None
     if plan.actions:
         actions = plan.actions[block_index % len(plan.actions)]

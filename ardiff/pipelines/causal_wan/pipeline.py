@@ -49,8 +49,7 @@ class CausalWan:
         self.config = build_config(**args)
         self.video_frames_per_latent_frame = self.config.vae.temporal_factor
         # The first latent frame of a session decodes to one video frame (a first block of
-        # F latent frames gives 1 + 4 (F - 1)); for the rollout planner, which reads
-        # video_frames_per_latent_frame only so far.
+        # F latent frames gives 1 + 4 (F - 1)): the rollout planner reads both attributes.
         self.video_frames_first_latent_frame = 1
         self.transformer: BlockTransformer | None = None
         self.prompt_encoder: PromptEncoder | None = None
