@@ -17,7 +17,7 @@ import sys
 import typer
 
 from ardiff.errors import EXIT_FAILED, EXIT_INTERRUPTED
-from ardiff_cli import bench, config_schema, inspect_spec, rollout, warmup
+from ardiff_cli import bench, config_schema, inspect_spec, rollout, signals, warmup
 
 app = typer.Typer(
     name="ardiff",
@@ -44,6 +44,7 @@ def main() -> None:
     stdout that cannot be written, exit 1 (see the module docstring)."""
     stdout = sys.stdout
     sys.stdout = _MarkedStdout(stdout)
+    signals.end_with_the_process()
     try:
         code = _run_app()
         sys.stdout.flush()  # now, not at interpreter exit where an error cannot be handled

@@ -13,8 +13,11 @@ the stats) is never cut short. A signal that waits prints one line on stderr
 (`stopping ...` for the first, `finalising...` after), and the command exits as
 its work ends: 130 when a signal stopped it, its own code when the work was
 already done. The handlers are installed only in the main thread and restored
-on exit. Background jobs of a non-interactive shell ignore SIGINT; a signal
-ignored when the command starts stays ignored.
+on exit, except in the `ardiff` script (`end_with_the_process`): there the
+process ends with the command, so a signal that comes after the work is done
+(during interpreter shutdown) is ignored and the exit code stays the one the
+stats report. Background jobs of a non-interactive shell ignore SIGINT; a
+signal ignored when the command starts stays ignored.
 """
 
 from __future__ import annotations
@@ -27,6 +30,14 @@ from typing import Any
 
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
                      if hasattr(signal, name))
+_ends_with_the_process = False
+
+
+def end_with_the_process(value: bool = True) -> None:
+    """The process exits when the command returns (the `ardiff` script): a command's handlers
+    then give way to SIG_IGN, not to the defaults, so a late signal cannot change the exit."""
+    global _ends_with_the_process
+    _ends_with_the_process = value
 
 
 class StopSignals:
@@ -48,6 +59,8 @@ class StopSignals:
 
     def __exit__(self, *exc_info: object) -> None:
         for signum, previous in self._previous.items():
+            if _ends_with_the_process:
+                previous = signal.SIG_IGN
             signal.signal(signum, signal.SIG_DFL if previous is None else previous)
         self._previous.clear()
 

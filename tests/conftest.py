@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import textwrap
 import types
@@ -59,6 +60,20 @@ def ardiff_main():
                       output_bytes=output, return_value=None, exit_code=code, exception=None)
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def _stop_signals_restored():
+    """The `ardiff` script's main() leaves SIG_IGN for the stop signals behind (its process ends
+    there); a test that runs it in this process must not leave later tests (and the
+    processes they start) ignoring Ctrl-C."""
+    from ardiff_cli import signals
+
+    handlers = {signum: signal.getsignal(signum) for signum in signals.STOP_SIGNALS}
+    yield
+    signals.end_with_the_process(False)
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
 
 
 @pytest.fixture(autouse=True)

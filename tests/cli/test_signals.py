@@ -225,3 +225,19 @@ def test_held_signals_only_wait_and_ignored_ones_stay_ignored(capsys):
     finally:
         signal.signal(signal.SIGHUP, previous)
     assert capsys.readouterr().err == "finalising... (SIGTERM waits until every file is written)\n"
+
+
+def test_in_the_script_a_signal_after_the_command_is_ignored_so_the_exit_code_stands():
+    from ardiff_cli import signals as module
+
+    before = {s: signal.getsignal(s) for s in module.STOP_SIGNALS}
+    module.end_with_the_process()
+    try:
+        with StopSignals():
+            pass
+        assert all(signal.getsignal(s) is signal.SIG_IGN for s in module.STOP_SIGNALS)
+        signal.raise_signal(signal.SIGHUP)  # would end the process with -1 under SIG_DFL
+    finally:
+        module.end_with_the_process(False)
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
