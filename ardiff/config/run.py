@@ -153,12 +153,15 @@ class PromptSwitch:
 
     `on_switch` says what happens to the session at the switch: `keep` its KV
     history (the pipeline re-encodes the prompt), `clear-cross` drop its
-    cross-attention K/V first, or `reset` start the session over at frame 0.
+    cross-attention K/V first, `reset` start the session over at frame 0, or
+    `recache` drop the cross-attention K/V and ask the pipeline to re-encode the
+    frames it keeps under the new prompt (`extra["recache"]`; LongLive's switch;
+    a pipeline that does not know it just clears the cross-attention K/V).
     """
 
     frame: FrameIndex
     prompt: Text
-    on_switch: Literal["keep", "clear-cross", "reset"] = "keep"
+    on_switch: Literal["keep", "clear-cross", "reset", "recache"] = "keep"
 
 
 @dataclass(frozen=True, config=_SECTION)

@@ -45,8 +45,11 @@ class BranchKV(Protocol):
     """A backend's history of one branch of one session."""
 
     num_committed_frames: int
+    kept_frames: list[int]  # absolute indices of the frames held now, in order
 
     def begin(self, num_frames: int) -> BlockKV: ...
+
+    def begin_recache(self, start_frame: int, num_frames: int) -> BlockKV: ...
 
 
 @dataclass(frozen=True)

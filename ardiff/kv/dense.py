@@ -46,8 +46,21 @@ class DenseBranch:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
 
+    @property
+    def kept_frames(self) -> list[int]:
+        return list(self.frames)
+
     def begin(self, num_frames: int) -> DenseBlock:
         return DenseBlock(self, num_frames)
+
+    def begin_recache(self, start_frame: int, num_frames: int) -> DenseRecache:
+        return DenseRecache(self, start_frame, num_frames)
+
+    def rows(self, frames: list[int]) -> torch.Tensor:
+        """Row indices of the K/V of kept `frames`, in order."""
+        tpf = self.spec.tokens_per_frame
+        return torch.tensor([self.frames.index(f) * tpf + t for f in frames for t in range(tpf)],
+                            dtype=torch.long, device=self.k[0].device)
 
     def append(self, new_k: list[torch.Tensor], new_v: list[torch.Tensor], num_frames: int) -> None:
         self.k = [torch.cat([old, new]) for old, new in zip(self.k, new_k)]
@@ -107,3 +120,30 @@ class DenseBlock:
     def abort(self) -> None:
         self.new_k.clear()
         self.new_v.clear()
+
+
+class DenseRecache(DenseBlock):
+    """Re-commits kept frames [start_frame, start_frame + num_frames): it sees the kept frames
+    before them, and its commit overwrites their rows (nothing appended, nothing evicted)."""
+
+    def __init__(self, branch: DenseBranch, start_frame: int, num_frames: int) -> None:
+        super().__init__(branch, num_frames)
+        self.start_frame = start_frame
+        self.visible_frames = [f for f in branch.frames if f < start_frame]
+        self._seen = branch.rows(self.visible_frames)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
+               scale: float | None) -> torch.Tensor:
+        self.new_k[layer], self.new_v[layer] = k, v
+        seen_k = self.branch.k[layer].index_select(0, self._seen)
+        seen_v = self.branch.v[layer].index_select(0, self._seen)
+        keys = [seen_k, k] + ([extra_k] if extra_k is not None else [])
+        values = [seen_v, v] + ([extra_v] if extra_v is not None else [])
+        return attention.attend(q, torch.cat(keys), torch.cat(values), scale)
+
+    def commit(self) -> None:
+        branch = self.branch
+        rows = branch.rows(list(range(self.start_frame, self.start_frame + self.num_frames)))
+        branch.k = [k.index_copy(0, rows, self.new_k[i]) for i, k in enumerate(branch.k)]
+        branch.v = [v.index_copy(0, rows, self.new_v[i]) for i, v in enumerate(branch.v)]

@@ -4,6 +4,9 @@
     a block:     allocate in-flight pages -> attend writes k/v there ->
                  commit hands them to the page table (no copy), the window
                  evicts whole pages back to the pool; a probe gives them back.
+    a recache:   the same in-flight pages -> attend writes the kept frames'
+                 new k/v there -> the table swaps them in for those frames
+                 and their old pages go back to the pool (abort: the new ones).
 
 The pool holds exactly the plan's `total_pages`; with nothing resident and no
 block open, every page is free.
@@ -70,13 +73,21 @@ class PagedBranch:
     def num_committed_frames(self) -> int:
         return self.table.num_committed_frames
 
-    def read_address(self, block_frames: list[FramePages]) -> TokenAddress:
-        """Where a block reads: [visible history | the block]. Rebuilt only when the table
-        or the block's pages changed, so the probes and the commit of one block share it."""
-        key = (self.table.version, tuple(block_frames))
+    @property
+    def kept_frames(self) -> list[int]:
+        return self.table.visible_frames
+
+    def read_address(self, block_frames: list[FramePages],
+                     before: int | None = None) -> TokenAddress:
+        """Where a block reads: [visible history (the kept frames before `before`, if set) |
+        the block]. Rebuilt only when the table, `before` or the block's pages changed, so
+        the probes and the commit of one block share it."""
+        key = (self.table.version, before, tuple(block_frames))
         if self._read is None or self._read[0] != key:
             storage = self.cache.storage
-            address = storage.frames_address(self.table.visible_pages).concat(
+            history = self.table.visible_pages if before is None else \
+                self.table.frames_before(before)
+            address = storage.frames_address(history).concat(
                 storage.frames_address(block_frames))
             self._read = (key, address)
         return self._read[1]
@@ -84,15 +95,27 @@ class PagedBranch:
     def begin(self, num_frames: int) -> PagedBlock:
         return PagedBlock(self, num_frames)
 
+    def begin_recache(self, start_frame: int, num_frames: int) -> PagedBlock:
+        return PagedBlock(self, num_frames, recache_at=start_frame)
+
 
 class PagedBlock:
-    """A block in flight: its pages, and the storage addresses it writes and reads through."""
+    """A block in flight: its pages, and the storage addresses it writes and reads through.
 
-    def __init__(self, branch: PagedBranch, num_frames: int) -> None:
+    With `recache_at` set it re-commits kept frames `recache_at, ...` instead of appending:
+    it sees the kept frames before them, and its commit swaps its pages in for theirs."""
+
+    def __init__(self, branch: PagedBranch, num_frames: int,
+                 recache_at: int | None = None) -> None:
         cache, plan = branch.cache, branch.cache.plan
         self.cache, self.table, self.storage = cache, branch.table, cache.storage
-        self.start_frame = branch.table.num_committed_frames
-        self.visible_frames = branch.table.visible_frames
+        self.recache_at = recache_at
+        kept = branch.table.visible_frames
+        if recache_at is None:
+            self.start_frame, self.visible_frames = branch.table.num_committed_frames, kept
+        else:
+            self.start_frame = recache_at
+            self.visible_frames = [index for index in kept if index < recache_at]
         ppf = plan.pages_per_frame
         pages = cache.allocate_pages(num_frames * ppf + plan.register_pages_per_branch,
                                      "in-flight and register")  # one all-or-nothing call
@@ -101,7 +124,7 @@ class PagedBlock:
         self.register_pages = pages[num_frames * ppf:]
         self.block_address = self.storage.frames_address(self.frames)
         # [visible history tokens | this block's tokens]: built once, read by every attend.
-        self.kv_address = branch.read_address(self.frames)
+        self.kv_address = branch.read_address(self.frames, recache_at)
         self._registers: dict[int, TokenAddress] = {}  # register count -> address
         self._done = False
 
@@ -123,8 +146,12 @@ class PagedBlock:
         return self._registers[num_tokens]
 
     def commit(self) -> None:
-        """Hand the in-flight pages to the table; free what the window evicts."""
-        self._finish(self.table.commit(self.frames))
+        """Hand the in-flight pages to the table; free what the window evicts (a recache:
+        the recached frames' old pages)."""
+        if self.recache_at is None:
+            self._finish(self.table.commit(self.frames))
+        else:
+            self._finish(self.table.replace(self.recache_at, self.frames))
 
     def abort(self) -> None:
         """Commit nothing: every in-flight page goes back to the pool."""

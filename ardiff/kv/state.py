@@ -4,6 +4,8 @@
         out = blk.attend(layer, q, k, v)
     with state.block("main", commit=True) as blk:    # the commit: its K/V become history
         ...
+    with state.recache("main", start_frame=0) as blk:  # kept frames 0.. get new K/V
+        ...
 
 This module checks every argument and the block lifecycle, then delegates
 storage to the backend's branch and block objects (`BranchKV`, `BlockKV`). It
@@ -31,9 +33,10 @@ class Block:
     not) its pages belong to the history or the pool again, and any use raises."""
 
     def __init__(self, state: KVState, branch: str, kv: BlockKV, num_frames: int,
-                 commit: bool) -> None:
+                 commit: bool, kind: str = "commit") -> None:
         self._state, self._kv = state, kv
         self.branch, self.num_frames, self.is_commit = branch, num_frames, commit
+        self.kind = kind if commit else "probe"  # how errors name it: commit, recache, probe
         self.attended_layers: set[int] = set()
         self.is_finished = False
 
@@ -85,14 +88,16 @@ class Block:
         if not (isinstance(layer, int) and 0 <= layer < num_layers):
             raise KVStateError(f"attend: layer {layer!r} is out of range 0..{num_layers - 1}")
         if self.is_commit and layer in self.attended_layers:
-            raise KVStateError(f"attend: layer {layer} attended twice in one commit block of "
-                               f"branch {self.branch!r}; a commit calls attend once per layer")
+            raise KVStateError(f"attend: layer {layer} attended twice in one {self.kind} block "
+                               f"of branch {self.branch!r}; a {self.kind} calls attend once "
+                               f"per layer")
 
     def check_complete(self) -> None:
         missing = sorted(set(range(self._state.spec.num_layers)) - self.attended_layers)
         if missing:
-            raise KVStateError(f"commit block of branch {self.branch!r} ended without attending "
-                               f"layers {missing}; a commit must attend every layer once")
+            raise KVStateError(f"{self.kind} block of branch {self.branch!r} ended without "
+                               f"attending layers {missing}; a {self.kind} must attend every "
+                               f"layer once")
 
 
 class TensorChecks:
@@ -185,23 +190,73 @@ class KVState:
         num_frames = self._check_num_frames(num_frames)
         slot = self._session.claim_slot(branch)
         self._check_positions(branch, num_frames)
+        with self._in_flight(slot, branch):
+            kv = self._session.branch(branch).begin(num_frames)
+            yield from self._run(Block(self, branch, kv, num_frames, commit), kv)
+
+    @contextlib.contextmanager
+    def recache(self, branch: str, start_frame: int,
+                num_frames: int | None = None) -> Iterator[Block]:
+        """Re-commit kept frames [start_frame, start_frame + n) of `branch` (n: num_frames,
+        default frames_per_block) at their own positions, e.g. under a new prompt.
+
+        The block has `state.block`'s API and rules (`attend` once per layer, one block in
+        flight per local slot, dead after its `with`). It attends to the kept frames before
+        `start_frame` (the sink's among them) plus itself: `visible_frames` lists them.
+        On a clean exit its K/V replace those frames' K/V; it commits no new frame, evicts
+        nothing and leaves `num_committed_frames` as it was. On an exception nothing changes.
+        Raises `KVStateError` unless every one of the n frames is kept on `branch` now."""
+        self.check_open()
+        num_frames = self._check_num_frames(num_frames, "recache")
+        slot = self._session.claim_slot(branch)
+        history = self._session.branch(branch)
+        self._check_kept(branch, history.kept_frames, start_frame, num_frames)
+        with self._in_flight(slot, branch):
+            kv = history.begin_recache(start_frame, num_frames)
+            yield from self._run(Block(self, branch, kv, num_frames, True, "recache"), kv)
+
+    @contextlib.contextmanager
+    def _in_flight(self, slot: int, branch: str) -> Iterator[None]:
         self._cache.open_slot(slot, branch)
         try:
-            kv = self._session.branch(branch).begin(num_frames)
-            blk = Block(self, branch, kv, num_frames, commit)
-            try:
-                yield blk
-                if commit:
-                    self.check_open()  # a released session's table must not take pages
-                    blk.check_complete()
-            except BaseException:
-                blk.finish()
-                kv.abort()
-                raise
-            blk.finish()
-            kv.commit() if commit else kv.abort()
+            yield
         finally:
             self._cache.close_slot(slot)
+
+    def _run(self, blk: Block, kv: BlockKV) -> Iterator[Block]:
+        """Yield the block; on a clean exit commit it (if it commits), else give it back."""
+        try:
+            yield blk
+            if blk.is_commit:
+                self.check_open()  # a released session's table must not take pages
+                blk.check_complete()
+        except BaseException:
+            blk.finish()
+            kv.abort()
+            raise
+        blk.finish()
+        kv.commit() if blk.is_commit else kv.abort()
+
+    def kept_frames(self, branch: str) -> list[int]:
+        """Absolute indices of the frames `branch` holds now, in order: the history the next
+        block attends to (DESIGN §3), and the frames `recache` may re-commit."""
+        self.check_open()
+        self._session.check_slot(branch)
+        kv = self._session.branches.get(branch)
+        return [] if kv is None else list(kv.kept_frames)
+
+    def _check_kept(self, branch: str, kept: list[int], start_frame: object,
+                    num_frames: int) -> None:
+        if not (isinstance(start_frame, int) and not isinstance(start_frame, bool)):
+            raise KVStateError(f"recache: start_frame={start_frame!r} is not a frame index; "
+                               f"pass an int from state.kept_frames({branch!r})")
+        wanted = list(range(start_frame, start_frame + num_frames))
+        missing = sorted(set(wanted) - set(kept))
+        if missing:
+            raise KVStateError(f"recache on branch {branch!r}: frames {_span(wanted)} are not "
+                               f"all kept (frames {_spans(missing)} are not; kept: "
+                               f"{_spans(kept)}); a recache re-commits frames the branch "
+                               f"still holds: pick them from state.kept_frames({branch!r})")
 
     def _check_positions(self, branch: str, num_frames: int) -> None:
         """Positions are absolute: a block past `max_model_len` would index past the model's
@@ -214,12 +269,12 @@ class KVState:
                                f"spec's max_model_len={limit}; reset the session (or close it) "
                                f"before it reaches {limit} frames")
 
-    def _check_num_frames(self, num_frames: int | None) -> int:
+    def _check_num_frames(self, num_frames: int | None, what: str = "block") -> int:
         limit = self.spec.frames_per_block
         if num_frames is None:
             return limit
         if not (isinstance(num_frames, int) and 1 <= num_frames <= limit):
-            raise KVStateError(f"block: num_frames={num_frames!r} is out of range "
+            raise KVStateError(f"{what}: num_frames={num_frames!r} is out of range "
                                f"1..frames_per_block={limit}")
         return num_frames
 
@@ -241,3 +296,18 @@ class KVState:
         self.check_open()
         self._session.check_branch(branch)
         self._cache.cross.clear(self.session_id, branch, names)
+
+
+def _span(frames: list[int]) -> str:
+    return str(frames[0]) if len(frames) == 1 else f"{frames[0]}..{frames[-1]}"
+
+
+def _spans(frames: list[int]) -> str:
+    """`0..2, 9..14`: sorted frame indices as runs (`none` if empty)."""
+    runs: list[list[int]] = []
+    for frame in frames:
+        if runs and runs[-1][-1] + 1 == frame:
+            runs[-1].append(frame)
+        else:
+            runs.append([frame])
+    return ", ".join(_span(run) for run in runs) or "none"

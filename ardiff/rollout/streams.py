@@ -223,4 +223,5 @@ def build_request(plan: RolloutPlan, stream: Stream, block_index: int) -> Rollou
         session_id=stream.session_id, block_index=block_index, prompt=current.prompt,
         negative_prompt=plan.negative_prompt, seed=plan.seed, num_steps=plan.num_steps,
         guidance_scale=plan.guidance_scale, actions=actions,
-        reset=switching == "reset", clear_cross_kv=switching == "clear-cross")
+        reset=switching == "reset", clear_cross_kv=switching in ("clear-cross", "recache"),
+        extra={"recache": True} if switching == "recache" else {})

@@ -2,6 +2,7 @@
 
 One AR block (`frames_per_block` latent frames) of one session:
 
+    (on_switch: recache) re-encode the kept frames' K/V under the new prompt (recache.py)
     x = noise(step 0)
     for each step k at timestep t_k:            probes: attend to history, commit nothing
         v  = transformer(x, t_k)                (CFG: v_neg + g (v_pos - v_neg))
@@ -29,6 +30,7 @@ from ardiff.errors import ConfigError, KVStateError
 from ardiff.pipelines.causal_wan.config import build_config
 from ardiff.pipelines.causal_wan.decode import StreamingDecoder
 from ardiff.pipelines.causal_wan.models import load_transformer, load_vae, quiet_libraries
+from ardiff.pipelines.causal_wan.recache import RECACHE, KeptLatents, recache_branch
 from ardiff.pipelines.causal_wan.schedule import clean_from_flow, renoise
 from ardiff.pipelines.causal_wan.spec import TEXT_CACHE, build_spec
 from ardiff.pipelines.causal_wan.text import PromptEncoder
@@ -57,6 +59,7 @@ class CausalWan:
         self.device, self.dtype = torch.device("cpu"), torch.float32
         self._bound_session: str | None = None
         self._prompts: dict[tuple[str, str], str] = {}  # (session, branch) -> cached prompt
+        self.kept_latents = KeptLatents()  # clean latents of the kept frames, for a recache
 
     # -- contract ------------------------------------------------------------------
     def ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
@@ -100,13 +103,25 @@ class CausalWan:
         self._check_ready(request)
         branches = self._branches(request)
         cross = {b: self._text_kv(state, request, b) for b in branches}
+        if request.extra.get(RECACHE):
+            for branch in branches:
+                recache_branch(self.transformer, state, branch, self.kept_latents,
+                               cross[branch], self.device, self.dtype)
         clean = self._denoise(request, state, branches, cross)  # [1, C, F, h, w] float32
-        for branch in branches:  # commit: the clean block's K/V become history
-            with state.block(branch, commit=True) as blk:
-                self.transformer.flow(clean.to(self.device, self.dtype), 0.0, blk,
-                                      cross[branch])
+        self._commit(state, branches, cross, clean)
         frames = self.decoder.decode(request.session_id, clean)
         return ardiff.BlockOutput(frames=frames.cpu(), extra={"latents": clean})
+
+    def _commit(self, state, branches, cross, clean: torch.Tensor) -> None:
+        """The clean block's K/V become history; its latents are kept while its frames are."""
+        kept: set[int] = set()
+        for branch in branches:
+            with state.block(branch, commit=True) as blk:
+                start = blk.start_frame
+                self.transformer.flow(clean.to(self.device, self.dtype), 0.0, blk,
+                                      cross[branch])
+            kept.update(state.kept_frames(branch))
+        self.kept_latents.record(state.session_id, start, clean, sorted(kept))
 
     # -- the noise hook --------------------------------------------------------------
     def noise(self, seed: int, block_index: int, step: int, shape: tuple[int, ...],
@@ -181,5 +196,6 @@ class CausalWan:
     def _forget(self, session_id: str) -> None:
         if self.decoder is not None:
             self.decoder.forget(session_id)
+        self.kept_latents.forget(session_id)
         for key in [k for k in self._prompts if k[0] == session_id]:
             del self._prompts[key]

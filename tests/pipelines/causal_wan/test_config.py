@@ -12,6 +12,7 @@ from ardiff.pipelines.causal_wan import CausalWan
 from ardiff.pipelines.causal_wan.make_tiny import SHAPES, write_configs
 
 WAN_480P_CACHE_BYTES = 1_888_573_440
+WAN_480P_LATENT_FRAME_BYTES = 16 * 60 * 104 * 4  # one float32 clean latent kept for a recache
 
 
 @pytest.fixture
@@ -30,7 +31,8 @@ def test_the_wan_1_3b_spec_at_480p(wan_configs, monkeypatch):
     assert (spec.window_frames, spec.sink_frames, spec.max_model_len) == (21, 0, 1024)
     assert spec.cross_attention_lengths == {"text": 512}
     assert [b.name for b in spec.kv_branches] == ["main"]
-    assert spec.model_owned_state_bytes_per_session == WAN_480P_CACHE_BYTES
+    assert spec.model_owned_state_bytes_per_session == (WAN_480P_CACHE_BYTES
+                                                        + 18 * WAN_480P_LATENT_FRAME_BYTES)
 
 
 def test_presets_cfg_and_the_vae_dtype_shape_the_spec(wan_configs):
@@ -39,7 +41,8 @@ def test_presets_cfg_and_the_vae_dtype_shape_the_spec(wan_configs):
     assert (spec.window_frames, spec.sink_frames) == (9, 3)
     assert [(b.name, b.local_index) for b in spec.kv_branches] == [("positive", 0),
                                                                    ("negative", 1)]
-    assert spec.model_owned_state_bytes_per_session == 2 * WAN_480P_CACHE_BYTES
+    assert spec.model_owned_state_bytes_per_session == (2 * WAN_480P_CACHE_BYTES
+                                                        + 9 * WAN_480P_LATENT_FRAME_BYTES)
     assert CausalWan(model_dir=str(wan_configs)).video_frames_per_latent_frame == 4
 
 
