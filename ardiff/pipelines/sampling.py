@@ -62,3 +62,17 @@ def warmup_blocks(spec: ardiff.ARDiffusionKVCacheSpec) -> int:
     """Blocks that fill the sink and the window, plus one that evicts: after them every
     code path of a block (empty, partial and full window, eviction) has run once."""
     return ceil_div(spec.sink_frames + spec.window_frames, spec.frames_per_block) + 1
+
+
+# Any scale > 1: warmup runs both CFG branches of a pipeline that declares them.
+WARMUP_GUIDANCE = 3.0
+
+
+def warmup_requests(spec: ardiff.ARDiffusionKVCacheSpec, session_id: str,
+                    guided: bool = False) -> list[ardiff.RolloutRequest]:
+    """`warmup_blocks(spec)` requests for `session_id`, the first resetting it; `guided` runs
+    them with guidance, so both CFG branches are exercised."""
+    guidance = WARMUP_GUIDANCE if guided else 1.0
+    return [ardiff.RolloutRequest(session_id, block_index=i, prompt="warmup", seed=0,
+                                  guidance_scale=guidance, reset=i == 0)
+            for i in range(warmup_blocks(spec))]

@@ -26,11 +26,10 @@ import ardiff
 from ardiff.kv.attention import attend
 from ardiff.pipelines.decoder import LatentDecoder
 from ardiff.pipelines.nn import AdaLN, Patches, Rope, RotaryEmbedding, TimestepEmbedding, rotate
-from ardiff.pipelines.sampling import block_noise, sample, warmup_blocks
+from ardiff.pipelines.sampling import block_noise, sample, warmup_requests
 from ardiff.pipelines.text import TextEncoder
 
 TEXT_CACHE = "text"
-WARMUP_GUIDANCE = 3.0  # any scale > 1: warmup runs both CFG branches when they are declared
 
 
 @dataclass(frozen=True)
@@ -217,12 +216,8 @@ class TinyCausalDiT:
         self._forget(session_id)
 
     def ar_diffusion_warmup_requests(self, session_id: str) -> list[ardiff.RolloutRequest]:
-        """Enough blocks to fill the window and evict once, with and without guidance."""
-        blocks = warmup_blocks(self.ar_diffusion_kv_cache_spec())
-        guidance = WARMUP_GUIDANCE if self.config.cfg else 1.0
-        return [ardiff.RolloutRequest(session_id, block_index=i, prompt="warmup", seed=0,
-                                      guidance_scale=guidance, reset=i == 0)
-                for i in range(blocks)]
+        """Enough blocks to fill the window and evict once, with guidance when CFG is on."""
+        return warmup_requests(self.ar_diffusion_kv_cache_spec(), session_id, self.config.cfg)
 
     @torch.inference_mode()
     def generate_block(self, request: ardiff.RolloutRequest, state) -> ardiff.BlockOutput:

@@ -66,3 +66,15 @@ def test_sample_asks_for_one_prediction_per_level_and_returns_it_clean():
 ])
 def test_warmup_blocks_fill_sink_and_window_then_evict_once(sink, window, block, expected):
     assert warmup_blocks(spec(sink, window, block)) == expected
+
+
+def test_warmup_requests_fill_the_window_reset_first_and_guide_when_asked():
+    from ardiff.pipelines.sampling import WARMUP_GUIDANCE, warmup_requests
+
+    main = (ardiff.ARDiffusionKVBranchSpec("m", 0),)
+    spec = ardiff.ARDiffusionKVCacheSpec(1, 1, 4, 2, 2, 5, main, 1, sink_frames=1)
+    plain = warmup_requests(spec, "w")
+    assert len(plain) == 4  # ceil((1 + 5) / 2) + 1
+    assert [r.reset for r in plain] == [True, False, False, False]
+    assert {r.session_id for r in plain} == {"w"} and {r.guidance_scale for r in plain} == {1.0}
+    assert {r.guidance_scale for r in warmup_requests(spec, "w", guided=True)} == {WARMUP_GUIDANCE}

@@ -35,9 +35,8 @@ from ardiff.pipelines.causal_wan.schedule import clean_from_flow, renoise
 from ardiff.pipelines.causal_wan.spec import TEXT_CACHE, build_spec
 from ardiff.pipelines.causal_wan.text import PromptEncoder
 from ardiff.pipelines.causal_wan.transformer import BlockTransformer
-from ardiff.pipelines.sampling import warmup_blocks
+from ardiff.pipelines.sampling import warmup_requests
 
-WARMUP_GUIDANCE = 3.0  # any scale > 1: warmup runs both CFG branches when they are declared
 
 
 class CausalWan:
@@ -91,12 +90,8 @@ class CausalWan:
         self._forget(session_id)
 
     def ar_diffusion_warmup_requests(self, session_id: str) -> list[ardiff.RolloutRequest]:
-        """Enough blocks to fill the window and evict once, with and without guidance."""
-        blocks = warmup_blocks(self.ar_diffusion_kv_cache_spec())
-        guidance = WARMUP_GUIDANCE if self.config.cfg else 1.0
-        return [ardiff.RolloutRequest(session_id, block_index=i, prompt="warmup", seed=0,
-                                      guidance_scale=guidance, reset=i == 0)
-                for i in range(blocks)]
+        """Enough blocks to fill the window and evict once, with guidance when CFG is on."""
+        return warmup_requests(self.ar_diffusion_kv_cache_spec(), session_id, self.config.cfg)
 
     @torch.inference_mode()
     def generate_block(self, request: ardiff.RolloutRequest, state) -> ardiff.BlockOutput:
