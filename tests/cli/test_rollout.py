@@ -32,7 +32,6 @@ from typer.testing import CliRunner, Result
 from ardiff.config.run import load_config
 from ardiff.rollout.streams import iter_rollout, plan_rollout
 from ardiff.engine.build import build_runner
-from ardiff.engine.runner import Runner
 from ardiff.rollout.report import STATS_SCHEMA
 from ardiff_cli.main import app
 

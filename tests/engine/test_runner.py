@@ -20,7 +20,7 @@ from ardiff.config.run import load_config
 from ardiff.kv.plan import make_plan, required_bytes
 from ardiff.engine.build import build_runner
 from ardiff.kv.state import open_state
-from ardiff.engine.runner import WARMUP_SESSION_ID, Runner
+from ardiff.engine.runner import WARMUP_SESSION_ID
 
 PIPELINES_FILE = Path(__file__).parents[1] / "support" / "probe_pipeline.py"
 

@@ -5,13 +5,11 @@ that never evicts, and the reset hook on every reset."""
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 
 import pytest
 
 import ardiff
 from ardiff.engine.runner import WARMUP_SESSION_ID
-
 
 import probe_pipeline as probe
 from runner_support import HISTORY_PAGES, frame_ids, make_runner, pages_in_use, run

@@ -1,11 +1,9 @@
-"""The runner's warmup (DESIGN §5) and Runner.from_config: load before measuring and planning.
+"""The runner's warmup (DESIGN §5) and build_runner: load before measuring and planning.
 
 Same probe pipelines as tests/engine/test_runner.py (tests/support/probe_pipeline.py).
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +12,7 @@ import ardiff
 from ardiff.engine import build as build_module
 from ardiff.config.run import load_config
 from ardiff.engine.build import build_runner
-from ardiff.engine.runner import WARMUP_SESSION_ID, Runner
-
+from ardiff.engine.runner import WARMUP_SESSION_ID
 
 import probe_pipeline as probe
 from runner_support import (HISTORY_PAGES, frame_ids, make_runner, pages_in_use,

@@ -9,8 +9,9 @@ disk filling up is simulated in every format (`FullDisk`): the write of frame n 
 ENOSPC and from then on no file may grow, except into room the writer frees (its space
 reserve), so the file must be finished on a full disk.
 
-The table "Run failures" in README.md is FAULTS (one row per distinct row text);
-`test_the_readme_table_is_the_fault_list` prints it to paste when they differ. The
+The table "Run failures" in README.md is FAULTS (tests/support/fault_cases.py; one row per
+distinct row text); `test_the_readme_table_is_the_fault_list` prints it to paste when they
+differ. The
 same refusals through the installed command are in tests/cli/test_rollout.py
 (failure at block k, Ctrl-C) and tests/cli/test_signals.py (SIGTERM to a process group, a
 second signal while the file is finished); the runner's side of each fault in
@@ -23,11 +24,10 @@ from __future__ import annotations
 import errno
 import json
 import os
-import random
 import re
 import signal
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import av
@@ -46,141 +46,9 @@ REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 FAULT_PIPELINES = REPO / "tests" / "support" / "fault_pipelines.py"
 
-from fault_pipelines import FRAMES_PER_BLOCK, STAGES, paint
-
-FRAMES = 12                      # 6 blocks of 2
-BLOCKS = FRAMES // FRAMES_PER_BLOCK
-FULL_DISK_AFTER = 5              # frames the encoder writes before the disk is full
-LOSSY_TOLERANCE = 3              # H.264 keeps a flat grey frame within a few levels
-TABLE_HEADER = "| fault | exit | `status` in the stats | the file holds |"
-TABLE_RULE = "|---|---|---|---|"
-SWITCH = [{"frame": 0, "prompt": "a"},
-          {"frame": 6, "prompt": "b", "on_switch": "reset"}]  # block 3 starts over
-
-
-@dataclass(frozen=True)
-class Fault:
-    """One way a run breaks and what must come of it."""
-
-    name: str
-    row: str                       # the README row: what breaks
-    exit_code: int
-    status: str | None             # the stats' status; None: no stats (not a rollout)
-    holds: str                     # the README row: what the file holds
-    kept_frames: int               # frames the video must hold: 0..kept_frames-1
-    error: str | None              # regex on the stats' error (or the error line)
-    args: dict = field(default_factory=dict)      # FaultPipeline's
-    rollout: dict = field(default_factory=dict)   # changes to the rollout section
-    warning: str | None = None     # regex one warning must match
-    command: str = "rollout"
-    output: str = "out.mkv"
-    json_path: str = "stats.json"
-    disk_full_after: int | None = None
-    signal_while_finalising: str | None = None  # sent as the encoder finishes the file
-    notice: str | None = None      # regex one stderr line must match (what the user is told)
-
-
-def forward_fault(seed: int) -> Fault:
-    """generate_block raises at a block and a stage drawn from `seed`."""
-    rng = random.Random(seed)
-    block, stage = rng.randrange(BLOCKS), rng.choice(STAGES)
-    return Fault(f"forward-{seed}-block{block}-{stage}", "`generate_block` raises at block k",
-                 1, "failed", "every frame of blocks 0..k-1", block * FRAMES_PER_BLOCK,
-                 rf"^session 'stream-0' block {block}: generate_block raised InjectedFault: "
-                 rf"forward of block {block} \({stage}\)$",
-                 {"fault": "forward", "at_block": block, "stage": stage})
-
-
-def output_fault(kind: str, error: str) -> Fault:
-    return Fault(f"output-{kind}", "a `BlockOutput` of wrong dtype or shape, or a frame size "
-                 "that changes, at block k", 1, "failed", "every frame of blocks 0..k-1",
-                 2 * FRAMES_PER_BLOCK, rf"^session 'stream-0' block 2: BlockOutput\.{error}",
-                 {"fault": kind, "at_block": 2})
-
-
-def disk_full_fault(output: str, codec: str, name: str | None = None) -> Fault:
-    """The disk fills up while frame FULL_DISK_AFTER is written to `output`."""
-    shown = re.escape(output.rstrip("/"))
-    kind = "a PNG folder" if output.endswith("/") else f"`{Path(output).suffix}`"
-    return Fault(name or f"disk-full-{codec}", f"the disk fills up after n frames ({kind})", 1,
-                 "failed", "the n frames encoded before", FULL_DISK_AFTER,
-                 rf"^output\.path: writing '{shown}' \({codec}\) failed after {FULL_DISK_AFTER} "
-                 rf"frames \(OSError: \[Errno 28\] No space left on device\); the "
-                 rf"{FULL_DISK_AFTER} frames encoded before it are kept in '{shown}'; the disk "
-                 rf"holding '[^']+' is full: free some space, then rerun$",
-                 output=output, disk_full_after=FULL_DISK_AFTER)
-
-
-DISK_FULL_FORMATS = [("out.mkv", "ffv1"), ("out.webm", "libvpx-vp9"), ("out.gif", "gif"),
-                     ("out.webp", "libwebp"), ("out.npy", "npy"), ("frames/", "png")]
-EXACT_FORMATS = (".mkv", ".npy", ".gif", "/")  # lossless, or a flat frame in a palette
-
-FAULTS = [
-    *(forward_fault(seed) for seed in range(8)),
-    output_fault("dtype", r"frames is torch\.float32; expected torch\.uint8"),
-    output_fault("shape", r"frames has shape \(2, 16, 16, 4\); expected \[F > 0, H > 0, W > 0, "
-                          r"3\]"),
-    output_fault("size", r"frames are 18x18 \(HxW\); earlier blocks of this session were "
-                         r"16x16"),
-    Fault("reset-hook", "the reset hook raises (a prompt switch with `on_switch: reset`)", 1,
-          "failed", "every frame before the switch", 6,
-          r"^releasing session 'stream-0' \(reset\): InjectedFault: reset hook of 'stream-0'$",
-          {"fault": "reset_hook"}, {"prompt": SWITCH}),
-    Fault("close-hook", "the close hook raises (after a stream's last block)", 1, "failed",
-          "every frame", FRAMES,
-          r"^releasing session 'stream-0' \(closed\): InjectedFault: close hook of 'stream-0'$",
-          {"fault": "close_hook"},
-          warning=r"^warmup failed: .*close hook of '__ardiff_warmup__'; continuing"),
-    Fault("warmup-rollout", "warmup raises (`ardiff rollout`: a warning)", 0, "ok",
-          "every frame", FRAMES, None, {"fault": "warmup"},
-          warning=r"^warmup failed: PipelineError: session '__ardiff_warmup__' block 0: "
-                  r"generate_block raised InjectedFault: warmup block 0; continuing without "
-                  r"warmup$"),
-    Fault("warmup-command", "warmup raises (`ardiff warmup`)", 1, None, "(no video)", 0,
-          r"^warmup failed: PipelineError: .*InjectedFault: warmup block 0$",
-          {"fault": "warmup"}, command="warmup"),
-    disk_full_fault("out.mp4", "libx264", name="disk-full"),
-    Fault("stats-unwritable", "the `--json` file cannot be written (disk full)", 1, None,
-          "every frame", FRAMES, r"^--json: cannot write '/dev/full' \(OSError: \[Errno 28\] "
-          r"No space left on device\); the video is kept", json_path="/dev/full"),
-    Fault("ctrl-c", "`generate_block` raises KeyboardInterrupt at block k", 130, "interrupted",
-          "every frame of blocks 0..k-1", 3 * FRAMES_PER_BLOCK, r"^interrupted$",
-          {"fault": "interrupt", "at_block": 3}),
-    *(disk_full_fault(output, codec) for output, codec in DISK_FULL_FORMATS),
-]
-
-
-# Signals reach ardiff_cli.signals' handlers: the pipeline sends one to its own process (or
-# the encoder thread to the main thread, while it finishes the file), as `kill` or a second
-# Ctrl-C would. Real process groups: tests/cli/test_signals.py.
-SIGNAL_FAULTS = [
-    *(Fault(f"signal-{name}", "SIGINT, SIGTERM or SIGHUP during block k", 130, "interrupted",
-            "every frame of blocks 0..k (the block in flight finishes)", 4 * FRAMES_PER_BLOCK,
-            rf"^interrupted by {name}$", {"fault": "signal", "signal_name": name, "at_block": 3},
-            notice=rf"^stopping \({name}\): finishing the current block, then finalising\.\.\.$")
-      for name in ("SIGINT", "SIGTERM", "SIGHUP")),
-    Fault("signal-twice", "a second signal while the files are finalised", 130, "interrupted",
-          "every frame of blocks 0..k", 4 * FRAMES_PER_BLOCK, r"^interrupted by SIGTERM$",
-          {"fault": "signal", "signal_name": "SIGTERM", "at_block": 3},
-          signal_while_finalising="SIGINT",
-          notice=r"^finalising\.\.\. \(SIGINT waits until every file is written\)$"),
-    Fault("signal-finalising", "a signal while the files of a finished run are finalised", 0,
-          "ok", "every frame", FRAMES, None, signal_while_finalising="SIGHUP",
-          notice=r"^finalising\.\.\. \(SIGHUP waits until every file is written\)$"),
-    Fault("signal-warmup", "SIGINT, SIGTERM or SIGHUP during warmup", 130, "interrupted",
-          "(no video)", 0, r"^interrupted by SIGHUP$",
-          {"fault": "signal_warmup", "signal_name": "SIGHUP"}),
-    Fault("signal-load", "SIGINT, SIGTERM or SIGHUP while the pipeline loads", 130, None,
-          "(no video)", 0, r"^interrupted by SIGTERM$",
-          {"fault": "signal_load", "signal_name": "SIGTERM"}),
-    Fault("exit", "`generate_block` calls `sys.exit(n)` at block k", 1, "failed",
-          "every frame of blocks 0..k-1", 2 * FRAMES_PER_BLOCK,
-          r"^session 'stream-0' block 2: generate_block called exit\(5\); a pipeline must "
-          r"raise an exception, not exit the process$",
-          {"fault": "exit", "at_block": 2, "exit_code": 5}),
-]
-FAULTS += SIGNAL_FAULTS
-
+from fault_cases import (EXACT_FORMATS, FAULTS, FRAMES, LOSSY_TOLERANCE, TABLE_HEADER,
+                         TABLE_RULE, Fault)
+from fault_pipelines import FRAMES_PER_BLOCK, paint
 
 # -- running a fault -----------------------------------------------------------------------------
 @dataclass

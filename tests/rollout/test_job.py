@@ -24,7 +24,6 @@ from ardiff.errors import ConfigError, OutputPathError, PipelineError
 from ardiff.rollout.job import run_rollout
 from ardiff.rollout.streams import build_request, check_capacity, iter_rollout, plan_rollout
 from ardiff.engine.build import build_runner
-from ardiff.engine.runner import Runner
 from ardiff.rollout.report import STATS_SCHEMA
 
 PIPELINES_DIR = Path(__file__).parents[1] / "support"
