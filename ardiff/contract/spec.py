@@ -15,6 +15,7 @@ shapes: every size in ardiff is derived from it or from the plan built on it.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Protocol, runtime_checkable
@@ -42,9 +43,18 @@ def _check_name(value: Any, field_name: str) -> None:
         _fail(field_name, value, "a non-empty string")
 
 
-def _check_int(value: Any, field_name: str, minimum: int) -> None:
-    if not (isinstance(value, int) and not isinstance(value, bool) and value >= minimum):
+def _as_int(value: Any, field_name: str, minimum: int) -> int:
+    """Any integer type (numpy's too, as upstream accepts), stored as a Python int."""
+    if not (isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            and value >= minimum):
         _fail(field_name, value, "an integer > 0" if minimum == 1 else f"an integer >= {minimum}")
+    return int(value)
+
+
+def _set_ints(obj: Any, names: Iterable[tuple[str, str]], minimum: int) -> None:
+    """Check and store each (attribute, field name shown in errors) as a Python int."""
+    for attribute, shown in names:
+        object.__setattr__(obj, attribute, _as_int(getattr(obj, attribute), shown, minimum))
 
 
 def _as_tuple(value: Any, field_name: str, item_type: type) -> tuple:
@@ -71,7 +81,7 @@ class ARDiffusionKVBranchSpec:
 
     def __post_init__(self) -> None:
         _check_name(self.name, "kv_branches[].name")
-        _check_int(self.local_index, f"kv_branches[{self.name}].local_index", 0)
+        _set_ints(self, [("local_index", f"kv_branches[{self.name}].local_index")], 0)
 
 
 @dataclass(frozen=True)
@@ -87,7 +97,7 @@ class ARDiffusionCrossAttentionKVSpec:
 
     def __post_init__(self) -> None:
         _check_name(self.name, "cross_attention[].name")
-        _check_int(self.num_tokens, f"cross_attention[{self.name}].num_tokens", 1)
+        _set_ints(self, [("num_tokens", f"cross_attention[{self.name}].num_tokens")], 1)
 
 
 @dataclass(frozen=True)
@@ -122,12 +132,13 @@ class ARDiffusionKVCacheSpec:
                            _as_tuple(self.kv_branches, "kv_branches", ARDiffusionKVBranchSpec))
         object.__setattr__(self, "cross_attention", _as_tuple(
             self.cross_attention, "cross_attention", ARDiffusionCrossAttentionKVSpec))
-        for name in POSITIVE_FIELDS:
-            _check_int(getattr(self, name), name, 1)
-        for name in NON_NEGATIVE_FIELDS:
-            _check_int(getattr(self, name), name, 0)
-        if not isinstance(self.reset_at_boundary, bool):
-            _fail("reset_at_boundary", self.reset_at_boundary, "true or false")
+        _set_ints(self, [(name, name) for name in POSITIVE_FIELDS], 1)
+        _set_ints(self, [(name, name) for name in NON_NEGATIVE_FIELDS], 0)
+        if not (isinstance(self.reset_at_boundary, bool)
+                or (isinstance(self.reset_at_boundary, numbers.Integral)
+                    and self.reset_at_boundary in (0, 1))):
+            _fail("reset_at_boundary", self.reset_at_boundary, "true or false (or 1 / 0)")
+        object.__setattr__(self, "reset_at_boundary", bool(self.reset_at_boundary))
         self._check_kv_branches()
         names = [cache.name for cache in self.cross_attention]
         if len(set(names)) != len(names):

@@ -122,14 +122,24 @@ class Runner:
     def _forward(self, request: RolloutRequest, stage: list[str]) -> Any:
         """generate_block inside the pipeline's bind; the state is closed when the bind ends."""
         state = open_state(self.cache, request.session_id)
+        raised: BaseException | None = None
         try:
             with self._bind(request.session_id, state):
                 stage[0] = "generate_block"
-                output = self.pipeline.generate_block(request, state)
-                self._synchronize()
+                try:
+                    output = self.pipeline.generate_block(request, state)
+                    self._synchronize()
+                except BaseException as exc:
+                    raised = exc
+                    raise
                 stage[0] = "bind_ar_diffusion_state"  # its exit
         finally:
             state.close()
+        if raised is not None:  # the bind's __exit__ swallowed it: the block never finished
+            raise PipelineError(f"session {request.session_id!r} block {request.block_index}: "
+                                f"bind_ar_diffusion_state suppressed {type(raised).__name__}: "
+                                f"{raised}; a bind must let the forward's exceptions "
+                                f"through") from raised
         return output
 
     def _bind(self, session_id: str, state: KVState) -> Any:
@@ -204,8 +214,9 @@ class Runner:
             hook(session_id)
         except (Exception, SystemExit) as exc:  # a hook that calls exit() is a failing hook
             errors.append(exc)
-        if session_id in self.sessions:
-            self.sessions.remove(session_id, why)
+        finally:  # a Ctrl-C in the hook must not leave the map naming a released session
+            if session_id in self.sessions:
+                self.sessions.remove(session_id, why)
         return errors
 
     def close_session(self, session_id: str) -> None:

@@ -59,10 +59,23 @@ def test_integer_fields_reject_bools_floats_strings_and_none(name, value):
         make(**{name: value})
 
 
-def test_reset_at_boundary_must_be_a_bool():
+def test_reset_at_boundary_takes_a_bool_or_1_0_as_upstream_does():
     assert make(reset_at_boundary=True).reset_at_boundary is True
-    with raises("spec.reset_at_boundary: 1 is invalid; it must be true or false"):
-        make(reset_at_boundary=1)
+    assert make(reset_at_boundary=1).reset_at_boundary is True
+    assert make(reset_at_boundary=0).reset_at_boundary is False
+    for value in (2, "yes", None):
+        with raises(f"spec.reset_at_boundary: {value!r} is invalid; it must be true or false "
+                    f"(or 1 / 0)"):
+            make(reset_at_boundary=value)
+
+
+def test_any_integer_type_is_accepted_and_stored_as_int():
+    np = pytest.importorskip("numpy")
+    spec = make(tokens_per_frame=np.int64(6), window_frames=np.int32(5))
+    assert (spec.tokens_per_frame, spec.window_frames) == (6, 5)
+    assert type(spec.tokens_per_frame) is int and type(spec.window_frames) is int
+    assert type(Branch("main", np.int64(0)).local_index) is int
+    assert type(Cross("text", np.int16(4)).num_tokens) is int
 
 
 def test_fields_defaults_and_order_are_the_upstream_contracts():

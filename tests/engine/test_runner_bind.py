@@ -170,3 +170,40 @@ def test_a_close_hook_that_calls_exit_is_a_failing_hook_and_the_session_still_go
                                                    r"SystemExit: 3"):
         runner.close_session("a")
     assert "a" not in runner.sessions and pages_in_use(runner) == 0
+
+
+class SwallowingBind(probe.FailingForwardPipeline):
+    """A bind whose __exit__ returns True: it swallows what the forward raised."""
+
+    def bind_ar_diffusion_state(self, session_id, state):
+        class Swallow:
+            def __enter__(self):
+                return None
+
+            def __exit__(self, *exc_info):
+                return True
+
+        return Swallow()
+
+
+def test_a_bind_that_swallows_the_forwards_error_is_named_with_the_original_as_cause():
+    runner = make_runner(SwallowingBind(fail_at_block=0, fail_stage="commit"))
+    with pytest.raises(ardiff.PipelineError, match=r"session 'a' block 0: bind_ar_diffusion_state "
+                                                   r"suppressed RuntimeError: injected fault at "
+                                                   r"block 0 \(commit\); a bind must let") as info:
+        run(runner, "a", 1)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert pages_in_use(runner) == 0 and "a" not in runner.sessions
+
+
+class InterruptedCloseHook(probe.ProbePipeline):
+    def close_ar_diffusion_session(self, session_id):
+        raise KeyboardInterrupt
+
+
+def test_a_ctrl_c_in_a_hook_still_leaves_the_map_and_the_cache_agreeing():
+    runner = make_runner(InterruptedCloseHook())
+    run(runner, "a", 1)
+    with pytest.raises(KeyboardInterrupt):
+        runner.close_session("a")
+    assert "a" not in runner.sessions and not runner.cache.has_session("a")

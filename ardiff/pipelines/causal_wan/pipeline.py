@@ -110,13 +110,17 @@ class CausalWan:
     def _commit(self, state, branches, cross, clean: torch.Tensor) -> None:
         """The clean block's K/V become history; its latents are kept while its frames are."""
         kept: set[int] = set()
+        starts = set()
         for branch in branches:
             with state.block(branch, commit=True) as blk:
-                start = blk.start_frame
+                starts.add(blk.start_frame)
                 self.transformer.flow(clean.to(self.device, self.dtype), 0.0, blk,
                                       cross[branch])
             kept.update(state.kept_frames(branch))
-        self.kept_latents.record(state.session_id, start, clean, sorted(kept))
+        if len(starts) != 1:  # a bug: the branches commit together, block for block
+            raise KVStateError(f"causal-wan: branches {list(branches)} are at frames "
+                               f"{sorted(starts)}; they must commit in step")
+        self.kept_latents.record(state.session_id, starts.pop(), clean, sorted(kept))
 
     # -- the noise hook --------------------------------------------------------------
     def noise(self, seed: int, block_index: int, step: int, shape: tuple[int, ...],
@@ -143,7 +147,9 @@ class CausalWan:
             raise ConfigError(f"rollout.guidance_scale: {request.guidance_scale} needs the "
                               f"negative branch; set pipeline.args.cfg: true (the distilled "
                               f"Self-Forcing / CausVid / LongLive models run without guidance)")
-        return ("positive", "negative") if guided else (self.config.branch_names[0],)
+        # With CFG declared every block commits to both branches, guided or not, so their
+        # histories (and positions) stay in step; an unguided block predicts with the first.
+        return tuple(self.config.branch_names)
 
     def _timesteps(self, request: ardiff.RolloutRequest) -> list[float]:
         timesteps = self.config.timesteps()
@@ -179,6 +185,8 @@ class CausalWan:
 
     def _flow(self, state, branches, cross, x, timestep, guidance_scale) -> torch.Tensor:
         flows = []
+        if guidance_scale <= 1.0:
+            branches = branches[:1]  # the positive prediction alone; both branches commit
         for branch in branches:  # probes: attend to history, commit nothing
             with state.block(branch, commit=False) as blk:
                 flows.append(self.transformer.flow(x.to(self.dtype), timestep, blk,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from pathlib import Path
 
@@ -67,6 +68,35 @@ def test_guidance_with_the_prompt_as_negative_equals_no_guidance(tiny_args, tiny
     for a, b, c in zip(plain, same, other):
         assert torch.equal(a.extra["latents"], b.extra["latents"])
         assert not torch.equal(a.extra["latents"], c.extra["latents"])
+
+
+def test_with_cfg_both_branches_commit_every_block_guided_or_not(tiny_args, tiny_pipeline):
+    """An unguided block of a CFG pipeline predicts with the positive branch alone (the same
+    latents as a pipeline without CFG) but commits to both, so a later guided block finds
+    both histories at the same positions, and the kept latents sit at their frames."""
+    from ardiff import RolloutRequest
+    from ardiff.engine.runner import Runner
+    from ardiff.kv.backend import create_cache
+    from ardiff.kv.plan import make_plan
+
+    pipeline = CausalWan(**tiny_args, cfg=True)
+    pipeline.load("cpu", torch.float32)
+    plan = make_plan(pipeline.ar_diffusion_kv_cache_spec(), "float32", 4, 1 << 30)
+    runner = Runner(pipeline, create_cache(plan, "paged", "cpu", poison=True), "cpu")
+    with contextlib.closing(runner):
+        unguided = runner.execute(RolloutRequest("s", block_index=0, prompt=PROMPT)).output
+        runner.execute(RolloutRequest("s", block_index=1, prompt=PROMPT, negative_prompt="blur",
+                                      guidance_scale=3.0))
+        frames = {b: runner.cache.num_committed_frames("s", b) for b in ("positive", "negative")}
+        kept = sorted(pipeline.kept_latents._frames["s"])
+    plain = CausalWan(**tiny_args)
+    plain.load("cpu", torch.float32)
+    plan = make_plan(plain.ar_diffusion_kv_cache_spec(), "float32", 4, 1 << 30)
+    with contextlib.closing(Runner(plain, create_cache(plan, "paged", "cpu"), "cpu")) as other:
+        alone = other.execute(RolloutRequest("s", block_index=0, prompt=PROMPT)).output
+    assert frames == {"positive": 6, "negative": 6}
+    assert kept == [0, 1, 2, 3, 4, 5]
+    assert torch.equal(unguided.extra["latents"], alone.extra["latents"])
 
 
 def test_guidance_without_the_negative_branch_is_a_config_error(tiny_pipeline, run_blocks):
