@@ -249,11 +249,11 @@ class Runner:
         session id. A leak (pages not given back) is reported in `leaked_pages`;
         callers decide how loud it is.
         """
+        self._check_open()
         make_requests = getattr(self.pipeline, "ar_diffusion_warmup_requests", None)
         if not callable(make_requests):
             return WarmupReport(skipped_reason="the pipeline declares no warmup requests "
                                                "(SupportsARDiffusionWarmup)")
-        self._check_open()
         if self.sessions.is_full:
             raise SessionError(f"warmup needs a free session slot and all "
                                f"{self.sessions.capacity} hold sessions; warmup never evicts "

@@ -85,7 +85,8 @@ class Block:
 
     def _check_layer(self, layer: int) -> None:
         num_layers = self._state.spec.num_layers
-        if not (isinstance(layer, int) and 0 <= layer < num_layers):
+        if not (isinstance(layer, int) and not isinstance(layer, bool)
+                and 0 <= layer < num_layers):
             raise KVStateError(f"attend: layer {layer!r} is out of range 0..{num_layers - 1}")
         if self.is_commit and layer in self.attended_layers:
             raise KVStateError(f"attend: layer {layer} attended twice in one {self.kind} block "
@@ -273,7 +274,8 @@ class KVState:
         limit = self.spec.frames_per_block
         if num_frames is None:
             return limit
-        if not (isinstance(num_frames, int) and 1 <= num_frames <= limit):
+        if not (isinstance(num_frames, int) and not isinstance(num_frames, bool)
+                and 1 <= num_frames <= limit):
             raise KVStateError(f"{what}: num_frames={num_frames!r} is out of range "
                                f"1..frames_per_block={limit}")
         return num_frames

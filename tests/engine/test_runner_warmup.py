@@ -120,3 +120,10 @@ def test_build_runner_wraps_a_failing_load(tmp_path, monkeypatch):
 def test_build_runner_refuses_a_budget_that_holds_no_session(tmp_path):
     with pytest.raises(ardiff.CapacityError, match="cannot hold one session"):
         build_runner(load_config(probe_config(tmp_path, memory_budget="1KiB")))
+
+
+def test_warmup_on_a_closed_runner_raises_even_without_warmup_requests():
+    runner = make_runner(probe._ProbeBase())
+    runner.close()
+    with pytest.raises(ardiff.SessionError, match="the runner is closed"):
+        runner.warmup()

@@ -87,11 +87,12 @@ def test_commit_block_missing_a_layer_commits_nothing(backend):
             blk.attend(layer, *qkv())
 
 
-def test_layer_out_of_range(backend):
+@pytest.mark.parametrize("layer", [2, True])
+def test_layer_out_of_range(backend, layer):
     state = open_state(cache_(backend), "s")
-    with pytest.raises(KVStateError, match=r"layer 2 is out of range 0\.\.1"):
+    with pytest.raises(KVStateError, match=rf"layer {layer!r} is out of range 0\.\.1"):
         with state.block("main") as blk:
-            blk.attend(2, *qkv())
+            blk.attend(layer, *qkv())
 
 
 # -- tensors: shapes, dtypes, devices ---------------------------------------------------
@@ -219,7 +220,7 @@ def test_two_branches_sharing_a_local_index_in_one_session(backend):
     assert other.num_committed_frames("negative") == B
 
 
-@pytest.mark.parametrize("num_frames", [0, B + 1, -1, 1.0])
+@pytest.mark.parametrize("num_frames", [0, B + 1, -1, 1.0, True])
 def test_num_frames_out_of_range(backend, num_frames):
     state = open_state(cache_(backend), "s")
     with pytest.raises(KVStateError, match=rf"block: num_frames={num_frames!r} is out of range "
