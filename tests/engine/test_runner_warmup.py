@@ -123,7 +123,7 @@ def test_build_runner_refuses_a_budget_that_holds_no_session(tmp_path):
 
 
 def test_warmup_on_a_closed_runner_raises_even_without_warmup_requests():
-    runner = make_runner(probe._ProbeBase())
+    runner = make_runner(probe.NoWarmupPipeline())
     runner.close()
     with pytest.raises(ardiff.SessionError, match="the runner is closed"):
         runner.warmup()
