@@ -17,9 +17,11 @@ in front here. A value (or a key) is quoted in at most `MAX_SHOWN_CHARS` charact
 from __future__ import annotations
 
 import difflib
+import types
+import typing
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar, Union
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -112,12 +114,19 @@ def _first(issues: list[_Issue]) -> _Issue:
     """The issue a reader meets first. pydantic lists a section's unknown keys after its
     values; an unknown key of the section holding the first issue (or of one around it)
     comes before it. Of the issues a union's members found with one value, a rule broken in
-    it (a schedule's frame out of bounds, a string that is not valid text) says more than a
-    type the value does not have."""
+    it (a schedule's frame out of bounds, a string that is not valid text), or else a problem
+    inside it (a schedule entry's misspelt key: the value has the member's shape), says more
+    than a type the value does not have."""
     first = issues[0]
-    if first.kind in _EXPECTED:
-        first = next((issue for issue in issues if issue.kind in _RULES
-                      and issue.path[:len(first.path)] == first.path), first)
+    if first.kind in _EXPECTED:  # a union's member the value is not; did another one fit?
+        inside = [issue for issue in issues if issue.path[:len(first.path)] == first.path]
+        rules = [issue for issue in inside if issue.kind in _RULES]
+        # ...inside an element that has the member's shape (a schedule entry is a mapping, a
+        # block's actions a list): a list of plain values that is not a schedule is still
+        # "not a string".
+        depth = len(first.path) + (0 if first.path and isinstance(first.path[-1], int) else 1)
+        deeper = [issue for issue in inside if len(issue.path) > depth]
+        first = (rules or deeper or [first])[0]
     around = [issue for issue in issues if issue.kind in _UNKNOWN_KEYS
               and first.path[:len(issue.path) - 1] == issue.path[:-1]]
     return min(around, key=lambda issue: len(issue.path), default=first)
@@ -137,15 +146,33 @@ def _field_names(root: type) -> frozenset[str]:
 
 
 def _known_keys(root: type, path: tuple[str | int, ...]) -> list[str]:
-    """The keys of the section at `path` (none if the path leads elsewhere)."""
-    section = root
+    """The keys of the section at `path` (none if the path leads elsewhere); list indices and
+    unions on the way (a schedule entry of `rollout.prompt`) are looked through."""
+    sections = [root]
     for key in path:
-        field = getattr(section, "__pydantic_fields__", {}).get(key)
-        if field is None:
-            return []
-        section = field.annotation
-    fields = getattr(section, "__pydantic_fields__", {})
-    return [name for name, field in fields.items() if field.init is not False]
+        found: list[Any] = []
+        for section in sections:
+            if isinstance(key, int):
+                if typing.get_origin(section) in (list, tuple):
+                    found += _members(typing.get_args(section)[0])
+                continue
+            field = getattr(section, "__pydantic_fields__", {}).get(key)
+            if field is not None:
+                found += _members(field.annotation)
+        sections = found
+    return [name for section in sections
+            for name, field in getattr(section, "__pydantic_fields__", {}).items()
+            if field.init is not False]
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The types an annotation may hold: the members of a union, through `Annotated`."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _members(typing.get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        return [member for arg in typing.get_args(annotation) for member in _members(arg)]
+    return [annotation]
 
 
 def _show(value: Any) -> str:

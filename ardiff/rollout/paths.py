@@ -19,12 +19,17 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from ardiff.config.text import MAX_NAME_BYTES, short_repr
 from ardiff.errors import ConfigError, OutputPathError
 
 _EXAMPLES = {"output.path": "out.mp4", "--json": "stats.json",
              "rollout.prompts": "prompts.txt", "rollout.actions": "actions.yaml"}
 _SEPARATORS = tuple({"/", os.sep, os.altsep} - {None})
 _FOLDER_NAMES = ("", ".", "..")
+# A written file goes through a hidden work file beside it: `.<name>.<pid>-<hex>.partial<ext>`
+# for a video, `.<name>.<random>.partial` for --json. Room for that in one file name:
+WORK_NAME_EXTRA_BYTES = 48
+MAX_WRITTEN_NAME_BYTES = MAX_NAME_BYTES - WORK_NAME_EXTRA_BYTES
 
 
 def check_path_text(field: str, text: str | os.PathLike, *, file_needed: bool = True) -> None:
@@ -45,6 +50,12 @@ def check_path_text(field: str, text: str | os.PathLike, *, file_needed: bool = 
     if file_needed and (raw.endswith(_SEPARATORS) or Path(raw).name in _FOLDER_NAMES):
         raise error(f"{field}: {raw!r} names a folder, and a file is needed here; give a "
                     f"file name like {os.path.join(raw, example)!r}")
+    name_bytes = len(Path(raw).name.encode("utf-8", "surrogateescape"))
+    if error is OutputPathError and name_bytes > MAX_WRITTEN_NAME_BYTES:
+        raise error(f"{field}: {short_repr(raw)} has a name of {name_bytes} bytes; it is "
+                    f"written through a work file whose name adds up to "
+                    f"{WORK_NAME_EXTRA_BYTES} bytes and file systems allow {MAX_NAME_BYTES}, "
+                    f"so give a name of at most {MAX_WRITTEN_NAME_BYTES} bytes")
 
 
 NamedPath = tuple[str, "str | os.PathLike"]  # (field, the path as the user wrote it)
@@ -77,17 +88,21 @@ def check_rollout_paths(config: Any, outputs: Sequence[Path] | None = None, *,
 
 
 def check_stats_file(text: str) -> None:
-    """The `--json` file can be written: a file name, in a folder that exists, writable."""
+    """The `--json` file can be written where it really is written: a regular file (or a new
+    one) is replaced through a work file in the folder of its target (a symlink's target),
+    so that folder must exist and be writable; a device or FIFO is written directly."""
     check_path_text("--json", text)
     path = Path(text).expanduser()
-    folder = path.parent
+    target = Path(os.path.realpath(path))
+    folder = target.parent
     if not folder.is_dir():
         raise ConfigError(f"--json: {text!r} is in a folder that does not exist "
                           f"({str(folder)!r}); create it first or pick another path")
-    if path.is_dir():
+    if target.is_dir():
         raise ConfigError(f"--json: {text!r} is a folder; give a file name like "
                           f"{str(path / 'stats.json')!r}")
-    writable = os.access(path, os.W_OK) if path.exists() else os.access(folder, os.W_OK | os.X_OK)
+    direct = target.exists() and not target.is_file()
+    writable = os.access(target, os.W_OK) if direct else os.access(folder, os.W_OK | os.X_OK)
     if not writable:
         raise ConfigError(f"--json: {text!r} is not writable; fix the permissions of the "
                           f"file or of its folder {str(folder)!r}, or pick another path")

@@ -163,8 +163,12 @@ def _check_positions(plan: RolloutPlan, spec: ARDiffusionKVCacheSpec) -> None:
         positions = longest * spec.frames_per_block
         if positions > spec.max_model_len:
             blocks_that_fit = spec.max_model_len // spec.frames_per_block
-            fit = 0 if blocks_that_fit == 0 else (
-                plan.first_block_frames + (blocks_that_fit - 1) * plan.video_frames_per_block)
+            if blocks_that_fit == 0:
+                raise ConfigError(
+                    f"pipeline: one block is {spec.frames_per_block} frames, more than the "
+                    f"pipeline's max_model_len of {spec.max_model_len} positions; no rollout "
+                    f"fits: lower frames_per_block in pipeline.args (or raise max_model_len)")
+            fit = plan.first_block_frames + (blocks_that_fit - 1) * plan.video_frames_per_block
             raise ConfigError(
                 f"rollout.frames: {plan.frames} frames need {longest} blocks in a row, frame "
                 f"positions up to {positions}, but the pipeline's max_model_len is "

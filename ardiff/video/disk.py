@@ -194,8 +194,13 @@ def _locked(folder: Path):
 
 
 def discard(work: Path) -> None:
-    """Remove a work file or folder and its reserve; quiet when they are gone already."""
-    if work.is_dir() and not work.is_symlink():
+    """Remove a work file or folder and its reserve; quiet when they are gone already (or
+    cannot even be looked at: a name too long, a folder gone)."""
+    try:
+        is_folder = work.is_dir() and not work.is_symlink()
+    except OSError:
+        return
+    if is_folder:
         shutil.rmtree(work, ignore_errors=True)
     else:
         with contextlib.suppress(OSError):

@@ -258,6 +258,16 @@ def test_a_prompt_schedule_becomes_prompt_switches():
     ({"prompt": [1, 2]}, "rollout.prompt: expected a string, got a list"),
     ({"prompts": 5}, "rollout.prompts: expected a list, got 5 (int)"),
     ({"actions": ["left", 3]}, "rollout.actions[1]: expected a string, got 3 (int)"),
+    # Inside a schedule entry (a mapping) or a block's action list, the problem is named
+    # where it is, not as "not a string".
+    ({"prompt": [{"frame": 0, "prompt": "a"}, {"frame": 3, "promt": "b"}]},
+     "rollout.prompt[1].promt: unknown key; did you mean 'prompt'?"),
+    ({"prompt": [{"frame": 0, "prompt": "a"}, {"frame": 3, "prompt": "b", "on_switch": "rest"}]},
+     "rollout.prompt[1].on_switch: 'rest' (str) is not allowed; use one of 'keep', "
+     "'clear-cross', 'reset', 'recache'"),
+    ({"prompt": [{"frame": 0, "prompt": "a"}, {"frame": "x", "prompt": "b"}]},
+     "rollout.prompt[1].frame: expected an integer, got 'x' (str)"),
+    ({"actions": [["left", 3]]}, "rollout.actions[0][1]: expected a string, got 3 (int)"),
 ])
 def test_bad_schedules_and_lists(rollout, message):
     with raises(message):

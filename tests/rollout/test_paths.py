@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -221,3 +222,28 @@ def test_an_actions_message_does_not_grow_with_the_input(tmp_path):
     with pytest.raises(ConfigError) as info:
         read_actions([["left", 3] * 10_000], tmp_path)
     assert len(str(info.value)) < 400
+
+
+@pytest.mark.parametrize("flag, name", [("-o", "a" * 204 + ".mp4"),
+                                        ("--json", "é" * 110 + ".json")])
+def test_a_written_name_with_no_room_for_its_work_file_is_refused_before_compute(tmp_path, flag,
+                                                                                 name):
+    write_config(tmp_path)
+    result = ardiff(tmp_path, "rollout", "run.yaml", flag, name)
+    assert result.exit_code == 2
+    field = "output.path" if flag == "-o" else "--json"
+    size = len(name.encode())
+    assert re.match(rf"^error: {re.escape(field)}: '.*' has a name of {size} bytes; it is "
+                    rf"written through a work file whose name adds up to 48 bytes and file "
+                    rf"systems allow 255, so give a name of at most 207 bytes$", result.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]
+
+
+def test_a_json_symlink_into_a_missing_folder_is_refused_before_compute(tmp_path):
+    write_config(tmp_path)
+    (tmp_path / "stats.json").symlink_to(tmp_path / "gone" / "x.json")
+    result = ardiff(tmp_path, "rollout", "run.yaml", "--json", "stats.json")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --json: 'stats.json' is in a folder that does not "
+                                    f"exist ({str(tmp_path / 'gone')!r})")
+    assert not (tmp_path / "out.npy").exists()

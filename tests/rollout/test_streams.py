@@ -86,3 +86,14 @@ def test_the_pipelines_frame_attributes_are_checked():
                                                 r"frame\), or leave it undefined for 4$"):
         _video_frames_per_block(SimpleNamespace(video_frames_per_latent_frame=4,
                                                 video_frames_first_latent_frame=0), 3)
+
+
+def test_a_block_longer_than_max_model_len_names_the_pipeline_not_the_frames(tmp_path):
+    spec = dataclasses.replace(RecordingPipeline().spec, frames_per_block=4, window_frames=6,
+                               max_model_len=3)
+    config = build_config({"pipeline": {"entry": "x:y"}, "rollout": {"frames": 2},
+                           "output": {"path": str(tmp_path / "out.npy")}}, base_dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"^pipeline: one block is 4 frames, more than the "
+                                          r"pipeline's max_model_len of 3 positions; no rollout "
+                                          r"fits: lower frames_per_block"):
+        plan_rollout(config, spec, 4)
