@@ -189,8 +189,9 @@ class KVState:
         """Open a block on `branch`; with `commit=True` its K/V become history on a clean exit."""
         self.check_open()
         num_frames = self._check_num_frames(num_frames)
+        self._session.check_slot(branch)
+        self._check_positions(branch, num_frames)  # before the slot is claimed: all or nothing
         slot = self._session.claim_slot(branch)
-        self._check_positions(branch, num_frames)
         with self._in_flight(slot, branch):
             kv = self._session.branch(branch).begin(num_frames)
             yield from self._run(Block(self, branch, kv, num_frames, commit), kv)

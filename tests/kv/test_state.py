@@ -372,3 +372,14 @@ def test_a_block_past_max_model_len_is_refused_at_run_time(backend):
         for layer in range(L):
             blk.attend(layer, *qkv(num_frames=1))
     assert state.num_committed_frames("main") == 5
+
+
+def test_a_block_refused_for_its_positions_claims_no_slot(backend):
+    import dataclasses
+
+    spec = dataclasses.replace(spec_(kv_branches=SHARED_SLOT_BRANCHES), max_model_len=1)
+    state = open_state(cache_(backend, spec), "s")
+    with pytest.raises(KVStateError, match="passes the spec's max_model_len=1"):
+        with state.block("positive"):
+            pass
+    assert state._session.slot_owner == {}  # the other branch of the slot is still free
