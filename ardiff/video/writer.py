@@ -47,6 +47,7 @@ padded by one pixel repeating the last column/row (15x17 is stored as 16x18).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import errno
@@ -67,6 +68,7 @@ from ardiff.rollout.paths import check_path_text
 
 SUPPORTED_EXTENSIONS = tuple(kind for kind in encoders.FORMAT_CODECS if kind != encoders.DIRECTORY)
 _RATE_MAX_DENOMINATOR = 1001  # NTSC rates (30000/1001) stay exact
+EXIT_WAIT_S = 5.0  # how long exit waits for an unclosed writer's encoder thread
 _END = None  # the queue's end marker
 
 
@@ -153,10 +155,12 @@ class VideoWriter:
         self._info: VideoInfo | None = None
         work = disk.work_path(self.path, folder=kind == encoders.DIRECTORY)
         self._encoder = encoders.make_encoder(work, rate, settings)  # creates nothing yet
-        self._cleanup = weakref.finalize(self, disk.discard, work)  # at exit, if never closed
         self._queue: queue.Queue[np.ndarray | None] = queue.Queue(maxsize)
         self._thread = threading.Thread(target=self._run, name=f"ardiff-video:{self.path.name}",
                                         daemon=True)
+        # At exit, if never closed: stop the encoder first (it may still create its space
+        # reserve), then remove the work files.
+        self._cleanup = weakref.finalize(self, _discard_at_exit, work, self._queue, self._thread)
         self._thread.start()
 
     @property
@@ -350,3 +354,12 @@ def _queue_size(queue_blocks: int) -> int:
         raise ConfigError(f"output.queue_blocks: {queue_blocks!r} must be an integer >= 1 "
                           f"(0 would make the queue unbounded); try 8")
     return queue_blocks
+
+
+def _discard_at_exit(work: Path, blocks: queue.Queue, thread: threading.Thread) -> None:
+    """A writer never closed, at interpreter exit: end its encoder thread (so it creates no
+    file after this), then remove its work file and reserve."""
+    with contextlib.suppress(queue.Full):
+        blocks.put(_END, timeout=EXIT_WAIT_S)
+    thread.join(timeout=EXIT_WAIT_S)
+    disk.discard(work)
