@@ -2,9 +2,9 @@
 
 Exit codes (ardiff.errors): 0 ok, 1 the run failed, 2 bad usage, config or spec, 3 does not
 fit in memory, 130 interrupted (SIGINT, SIGTERM or SIGHUP: see ardiff_cli.signals). Output
-that cannot be written to stdout (a closed pipe as in `ardiff rollout --json - | head -c 10`,
-a full disk) ends the command with exit 1 and no traceback: silently for a closed pipe,
-with one `error: stdout: ...` line otherwise. Files the command wrote (videos, `--json
+that cannot be written to stdout (a pipe its reader closed first, as `| head -c 10` does
+once the output outgrows the pipe's buffer; a full disk) ends the command with exit 1 and
+no traceback: silently for a closed pipe, with one `error: stdout: ...` line otherwise. Files the command wrote (videos, `--json
 PATH`) are complete by then.
 """
 
