@@ -14,6 +14,7 @@ import torch
 pytest.importorskip("diffusers")
 import diffusers.models.transformers.transformer_wan as transformer_wan  # noqa: E402
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor  # noqa: E402
+from wan_reference import MaskedAttention  # noqa: E402
 
 from ardiff import RolloutRequest  # noqa: E402
 from ardiff.engine.runner import Runner  # noqa: E402
@@ -36,18 +37,6 @@ def longlive_like(tiny_args):
     pipeline.load("cpu", torch.float32)
     return pipeline
 
-
-class MaskedAttention(WanAttnProcessor):
-    """diffusers' own processor with a fixed mask (True = may attend)."""
-
-    def __init__(self, mask: torch.Tensor) -> None:
-        super().__init__()
-        self.mask = mask
-
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
-                 rotary_emb=None):
-        return super().__call__(attn, hidden_states, encoder_hidden_states, self.mask,
-                                rotary_emb)
 
 
 def recache_mask(num_frames: int, kept: list[int], runs: list[tuple[int, int]],

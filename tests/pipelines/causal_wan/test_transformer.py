@@ -11,22 +11,11 @@ import torch
 
 pytest.importorskip("diffusers")
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor  # noqa: E402
+from wan_reference import MaskedAttention  # noqa: E402
 
 TOLERANCE = 1e-5  # relative, float32
 PROMPT = "a cat walks on the beach"
 
-
-class MaskedAttention(WanAttnProcessor):
-    """diffusers' own processor, with a fixed attention mask (True = may attend)."""
-
-    def __init__(self, mask: torch.Tensor) -> None:
-        super().__init__()
-        self.mask = mask
-
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
-                 rotary_emb=None):
-        return super().__call__(attn, hidden_states, encoder_hidden_states, self.mask,
-                                rotary_emb)
 
 
 def visible_frames(block: int, frames_per_block: int, window: int, sink: int) -> list[int]:
