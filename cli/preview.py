@@ -21,12 +21,16 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console, ConsoleOptions, Group, RenderResult
-from rich.segment import Segment
+from rich.segment import ControlType, Segment
 from rich.style import Style
 
 from ardiff_cli import progress
 
 HALF_BLOCK = "▀"
+# Rich writes a segment that carries control codes as its text, unparsed and unstyled, and
+# counts it as zero cells; the codes themselves are never emitted. A truecolor line of
+# half blocks goes through that way, already escaped (RAW_TEXT marks it).
+RAW_TEXT = ((ControlType.BELL,),)
 RESERVED_ROWS = 2        # below the frame: the progress (or status) line and the cursor
 MAX_CACHED_STYLES = 4096  # colour pairs kept between frames (a frame of few colours reuses all)
 
@@ -58,7 +62,8 @@ class FrameView:
     def __init__(self, reserved_rows: int = RESERVED_ROWS) -> None:
         self.frame: np.ndarray | None = None
         self.reserved_rows = reserved_rows
-        self._styles: dict[int, Style] = {}
+        self._styles: dict[int, Style] = {}     # colour pair -> its Style
+        self._escapes: dict[int, str] = {}      # colour pair -> its truecolor escape
 
     def show(self, frame: Any) -> None:
         self.frame = to_rgb(frame)
@@ -70,17 +75,13 @@ class FrameView:
         if rows < 1 or options.max_width < 1:
             return
         pixels = _scaled(self.frame, *fit(*self.frame.shape[:2], options.max_width, rows))
-        for top, bottom in zip(pixels[0::2], pixels[1::2]):
-            yield from self._row(top, bottom)
+        raw = console.is_terminal and console.color_system == "truecolor" and not console.record
+        for runs in cell_runs(pixels):
+            if raw:  # the escapes written as they are: far less work for Rich than styles
+                yield Segment(self._ansi(runs), None, RAW_TEXT)
+            else:   # styled segments: recorded, exported, downsampled like any Rich text
+                yield from (Segment(HALF_BLOCK * n, self._style(key)) for key, n in runs)
             yield Segment.line()
-
-    def _row(self, top: np.ndarray, bottom: np.ndarray):
-        """One line of cells: runs of one (top, bottom) colour pair as one segment."""
-        keys = (_packed(top) << 24) | _packed(bottom)
-        starts = np.flatnonzero(np.diff(keys)) + 1
-        bounds = np.concatenate(([0], starts, [len(keys)]))
-        for start, end in zip(bounds[:-1], bounds[1:]):
-            yield Segment(HALF_BLOCK * int(end - start), self._style(int(keys[start])))
 
     def _style(self, key: int) -> Style:
         style = self._styles.get(key)
@@ -91,6 +92,38 @@ class FrameView:
             style = self._styles[key] = Style(color=f"#{top:06x}", bgcolor=f"#{bottom:06x}")
         return style
 
+    def _ansi(self, runs: list[tuple[int, int]]) -> str:
+        """A line's runs as truecolor escapes (foreground the top pixel, background the
+        bottom one), then a reset."""
+        escapes = self._escapes
+        if len(escapes) >= MAX_CACHED_STYLES:
+            escapes.clear()
+        parts = []
+        for key, cells in runs:
+            escape = escapes.get(key)
+            if escape is None:
+                top, bottom = key >> 24, key & 0xFFFFFF
+                escape = escapes[key] = (f"\x1b[38;2;{top >> 16};{(top >> 8) & 255};"
+                                         f"{top & 255};48;2;{bottom >> 16};"
+                                         f"{(bottom >> 8) & 255};{bottom & 255}m")
+            parts.append(escape + HALF_BLOCK * cells)
+        return "".join(parts) + "\x1b[0m"
+
+
+def cell_runs(pixels: np.ndarray) -> list[list[tuple[int, int]]]:
+    """Pixels [2R, C, 3] -> R lines of cells, each a list of runs (colour pair
+    0xRRGGBB_RRGGBB (top, bottom), cells) of one pair; computed for all lines at once."""
+    keys = (_packed(pixels[0::2]) << 24) | _packed(pixels[1::2])     # [R, C]
+    lines, width = keys.shape
+    starts = np.ones((lines, width), dtype=bool)
+    starts[:, 1:] = keys[:, 1:] != keys[:, :-1]
+    line_of, column = np.nonzero(starts)                               # every line starts a run
+    flat = line_of * width + column
+    lengths = np.append(flat[1:], lines * width) - flat
+    run_keys, lengths = keys[line_of, column].tolist(), lengths.tolist()
+    bounds = np.searchsorted(line_of, np.arange(lines + 1)).tolist()
+    return [list(zip(run_keys[a:b], lengths[a:b])) for a, b in zip(bounds[:-1], bounds[1:])]
+
 
 def _scaled(frame: np.ndarray, height: int, width: int) -> np.ndarray:
     """Nearest-neighbour resize of [H, W, 3] to [height, width, 3]."""
@@ -100,9 +133,9 @@ def _scaled(frame: np.ndarray, height: int, width: int) -> np.ndarray:
 
 
 def _packed(pixels: np.ndarray) -> np.ndarray:
-    """[N, 3] uint8 -> [N] int64 0xRRGGBB."""
+    """[..., 3] uint8 -> [...] int64 0xRRGGBB."""
     rgb = pixels.astype(np.int64)
-    return (rgb[:, 0] << 16) | (rgb[:, 1] << 8) | rgb[:, 2]
+    return (rgb[..., 0] << 16) | (rgb[..., 1] << 8) | rgb[..., 2]
 
 
 class Throttle:
@@ -120,10 +153,37 @@ class Throttle:
         return True
 
 
-class RolloutPreview:
-    """`ardiff rollout --preview`: the newest frame above the progress line, in one Live.
+class ProgressLine:
+    """One line under the frame: `rolling out  35 / 96 frames · 61.2 frames/s · 0:00:01`.
+    Plain text, so drawing it costs next to nothing beside the frame."""
 
-    A context manager whose `update(event)` is the job's `on_event` callback.
+    def __init__(self) -> None:
+        from rich.text import Text
+
+        self.text = Text("loading")
+        self._start: float | None = None
+
+    def update(self, event) -> None:
+        if event.phase == "warmup":
+            self.text.plain = "warming up"
+            return
+        now = time.perf_counter()
+        if self._start is None:
+            self._start = now
+        elapsed = now - self._start
+        speed = f"{event.frames_written / elapsed:.1f}" if elapsed > 0 else "-"
+        self.text.plain = (f"rolling out  {event.frames_written} / {event.frames_total} "
+                           f"frames · {speed} frames/s · {elapsed:.1f} s")
+
+    def __rich__(self):
+        return self.text
+
+
+class RolloutPreview:
+    """`ardiff rollout --preview`: the newest frame above a progress line, in one Live.
+
+    A context manager whose `update(event)` is the job's `on_event` callback; it draws
+    synchronously (no refresh thread), at most `fps` times a second.
     """
 
     def __init__(self, fps: float, show_progress: bool = True,
@@ -131,33 +191,28 @@ class RolloutPreview:
         from rich.live import Live  # only when a preview is drawn: keeps `--help` fast
 
         self.console = console or Console(stderr=True)
-        self.view = FrameView()
-        self.bar = progress.RolloutProgress(enabled=show_progress, console=self.console,
-                                            live=False)
+        self.view, self.line = FrameView(), ProgressLine()
+        parts = [self.view, self.line] if show_progress else [self.view]
         self.throttle = Throttle(fps)
-        self.live = Live(console=self.console, auto_refresh=False, transient=True,
-                         redirect_stdout=False, redirect_stderr=False)
+        self.live = Live(Group(*parts), console=self.console, auto_refresh=False,
+                         transient=True, redirect_stdout=False, redirect_stderr=False)
         self.frames_drawn = 0
 
     def __enter__(self) -> RolloutPreview:
-        self.bar.__enter__()
-        parts = [self.view] + ([self.bar.renderable] if self.bar.renderable is not None else [])
-        self.live.update(Group(*parts))
         self.live.start()
         return self
 
     def update(self, event) -> None:
-        self.bar.update(event)
         if event.phase == "rollout" and event.block is not None:
             if not self.throttle.ready():
                 return
             self.view.show(event.block.frames[-1])
             self.frames_drawn += 1
+        self.line.update(event)
         self.live.refresh()
 
     def __exit__(self, *exc_info) -> None:
         self.live.stop()
-        self.bar.__exit__(*exc_info)
 
 
 def rollout_display(show_progress: bool, preview: bool, fps: float):

@@ -14,20 +14,12 @@ def wants_progress(disabled: bool) -> bool:
 
 
 class RolloutProgress:
-    """A context manager whose `update(event)` is the job's `on_event` callback.
+    """A context manager whose `update(event)` is the job's `on_event` callback."""
 
-    `live=False`: the bar draws nothing itself; `renderable` goes into a caller's Live
-    (the preview's, ardiff_cli.preview)."""
-
-    def __init__(self, enabled: bool, console: Console | None = None, live: bool = True) -> None:
-        self.enabled, self.live = enabled, live
-        self.console = console
+    def __init__(self, enabled: bool, console: Console | None = None) -> None:
+        self.enabled, self.console = enabled, console  # None: stderr
         self._progress: Progress | None = None
         self._task = None
-
-    @property
-    def renderable(self) -> Progress | None:
-        return self._progress
 
     def __enter__(self) -> RolloutProgress:
         if self.enabled:
@@ -35,9 +27,8 @@ class RolloutProgress:
                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("frames · {task.fields[fps]} fps"), TimeElapsedColumn(),
                 TimeRemainingColumn(), console=self.console or Console(stderr=True),
-                transient=True, auto_refresh=self.live)
-            if self.live:
-                self._progress.__enter__()
+                transient=True)
+            self._progress.__enter__()
         return self
 
     def update(self, event) -> None:
@@ -51,5 +42,5 @@ class RolloutProgress:
                               description=description, fps=f"{speed:.1f}" if speed else "-")
 
     def __exit__(self, *exc_info) -> None:
-        if self._progress is not None and self.live:
+        if self._progress is not None:
             self._progress.__exit__(*exc_info)
