@@ -144,8 +144,8 @@ def play_command(
 def _check_terminal() -> None:
     if not (sys.stdin.isatty() and sys.stderr.isatty()):
         raise ConfigError("ardiff play: needs a terminal (stdin and stderr are not both "
-                          "TTYs); to run actions without one, use `ardiff rollout --actions "
-                          "FILE`")
+                          "TTYs); to run actions without one, use ardiff rollout --actions "
+                          "FILE")
 
 
 def _replay_args(config: Optional[Path], overrides, device, dtype) -> list[str]:

@@ -37,7 +37,7 @@ DIGIT_KEYS = tuple("123456789")
 def check_key(key: str) -> str:
     """A key name as `play.keys` spells it; raises ValueError naming the choices."""
     if key in QUIT_KEYS:
-        raise ValueError(f"{key!r} is reserved: it ends `ardiff play`; choose another key")
+        raise ValueError(f"{key!r} is reserved: it ends ardiff play; choose another key")
     if key in NAMED_KEYS or (len(key) == 1 and key.isprintable() and not key.isspace()):
         return key
     raise ValueError(f"{short_repr(key)} is not a key; use one of {', '.join(NAMED_KEYS)} "

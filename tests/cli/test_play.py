@@ -31,7 +31,7 @@ def test_without_a_terminal_play_is_refused(ardiff_main, tmp_path):
     assert result.exit_code == 2
     assert result.stderr.strip() == (
         "error: ardiff play: needs a terminal (stdin and stderr are not both TTYs); to run "
-        "actions without one, use `ardiff rollout --actions FILE`")
+        "actions without one, use ardiff rollout --actions FILE")
     assert list(tmp_path.iterdir()) == []
 
 

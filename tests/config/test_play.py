@@ -38,7 +38,7 @@ def test_keys_and_idle_from_yaml_replace_the_defaults():
 
 
 @pytest.mark.parametrize("section, message", [
-    ({"keys": {"left": ["q"]}}, "play.keys: 'q' is reserved: it ends `ardiff play`; choose "
+    ({"keys": {"left": ["q"]}}, "play.keys: 'q' is reserved: it ends ardiff play; choose "
                                 "another key"),
     ({"keys": {"left": ["pgup"]}}, "play.keys: 'pgup' is not a key; use one of up, down, "
                                    "left, right, space, enter, tab or one printable character"),
