@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ardiff_cli import picture, preview
+from ardiff_cli import picture
 
 PREVIEW_TARGET = 0.05          # the preview may cost at most 5% of the rollout's time
 OFFSCREEN_SIZE = (100, 40)      # columns, rows of the console the measured preview draws in
@@ -82,11 +82,12 @@ class _Timed:
         self.seconds += time.perf_counter() - start
 
 
-def _offscreen_display(fps: float, sink, frames: bool):
+def _offscreen_display(fps: float, sink, frames: bool) -> Any:
     """What `ardiff rollout` shows in a terminal, with `--preview` (`frames`) or without
     (the progress bar alone), drawn into a terminal-sized console writing to `sink`."""
     from rich.console import Console
 
+    from ardiff_cli import preview
     from ardiff_cli.progress import RolloutProgress
 
     cols, rows = OFFSCREEN_SIZE

@@ -20,8 +20,7 @@ from typing import Optional
 import typer
 
 from ardiff.errors import ConfigError
-from ardiff_cli import keys as terminal_keys
-from ardiff_cli import options, preview, signals
+from ardiff_cli import options, signals
 from ardiff_cli.errors import handle_errors
 
 DEFAULT_OUTPUT = "ardiff_play.mp4"
@@ -67,6 +66,8 @@ class PlayDisplay:
         from rich.console import Console, Group
         from rich.live import Live
         from rich.text import Text
+
+        from ardiff_cli import preview  # numpy: only when a game runs
 
         self.console = Console(stderr=True)
         self.pacer, self.view, self.status = pacer, preview.FrameView(), Text("loading")

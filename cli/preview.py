@@ -10,7 +10,8 @@ colour pair in a row are drawn as one run, so a frame costs a few hundred segmen
 
 `RolloutPreview` is the `on_event` callback of `ardiff rollout --preview`: one Rich
 `Live` holding the frame above the progress line, redrawn at most `fps` times a
-second (a frame that arrives sooner is skipped; the next one is drawn).
+second and in at most DRAW_BUDGET of the time (a frame that arrives sooner is
+skipped; a later one is drawn).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ HALF_BLOCK = "▀"
 # half blocks goes through that way, already escaped (RAW_TEXT marks it).
 RAW_TEXT = ((ControlType.BELL,),)
 RESERVED_ROWS = 2        # below the frame: the progress (or status) line and the cursor
+DRAW_BUDGET = 0.02       # the rollout preview draws in at most 2% of the time (target: <= 5%)
 MAX_CACHED_STYLES = 4096  # colour pairs kept between frames (a frame of few colours reuses all)
 
 
@@ -139,18 +141,29 @@ def _packed(pixels: np.ndarray) -> np.ndarray:
 
 
 class Throttle:
-    """`ready()` is true at most `fps` times a second (the first call always)."""
+    """When to draw: at most `fps` times a second, and, given `budget`, no sooner than the
+    last draw's cost over `budget` after it started (a 1 ms draw with a budget of 0.03
+    waits at least 33 ms), so drawing never takes more than that share of the time,
+    however slow a draw gets on a busy machine. Call `ready()` before a draw and
+    `drawn()` after it."""
 
-    def __init__(self, fps: float) -> None:
-        self.interval_s = 1.0 / fps
-        self._last = -float("inf")
+    def __init__(self, fps: float, budget: float | None = None) -> None:
+        self.interval_s, self.budget = 1.0 / fps, budget
+        self._start = -float("inf")
+        self._cost_s = 0.0
 
     def ready(self) -> bool:
         now = time.perf_counter()
-        if now - self._last < self.interval_s:
+        wait = self.interval_s
+        if self.budget:
+            wait = max(wait, self._cost_s / self.budget)
+        if now - self._start < wait:
             return False
-        self._last = now
+        self._start = now
         return True
+
+    def drawn(self) -> None:
+        self._cost_s = time.perf_counter() - self._start
 
 
 class ProgressLine:
@@ -193,7 +206,7 @@ class RolloutPreview:
         self.console = console or Console(stderr=True)
         self.view, self.line = FrameView(), ProgressLine()
         parts = [self.view, self.line] if show_progress else [self.view]
-        self.throttle = Throttle(fps)
+        self.throttle = Throttle(fps, DRAW_BUDGET)
         self.live = Live(Group(*parts), console=self.console, auto_refresh=False,
                          transient=True, redirect_stdout=False, redirect_stderr=False)
         self.frames_drawn = 0
@@ -210,6 +223,7 @@ class RolloutPreview:
             self.frames_drawn += 1
         self.line.update(event)
         self.live.refresh()
+        self.throttle.drawn()
 
     def __exit__(self, *exc_info) -> None:
         self.live.stop()

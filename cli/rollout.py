@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from ardiff.errors import EXIT_FAILED
-from ardiff_cli import options, picture, preview, progress, render, signals
+from ardiff_cli import options, picture, progress, render, signals
 from ardiff_cli.errors import handle_errors
 
 
@@ -62,6 +62,7 @@ def rollout_command(
     with signals.StopSignals() as stop_signals:
         with handle_errors(debug):
             from ardiff.rollout.job import RolloutStop, run_rollout  # imports the runtime
+            from ardiff_cli import preview  # numpy: only when a command runs
 
             run_config = options.load_run_config(config, overrides, {
                 "output.path": output, "rollout.frames": frames, "rollout.seed": seed,

@@ -66,9 +66,36 @@ def test_a_recording_console_gets_styled_cells():
     assert "#ff0000" in svg and "#008000" in svg and "#0000ff" in svg
 
 
-def test_the_throttle_allows_one_draw_per_interval():
-    throttle = preview.Throttle(fps=1.0)
-    assert throttle.ready() and not throttle.ready()
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_throttle_draws_at_most_fps_times_a_second(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(preview.time, "perf_counter", clock)
+    throttle = preview.Throttle(fps=10.0)
+    assert throttle.ready()
+    clock.now += 0.09
+    assert not throttle.ready()
+    clock.now += 0.02
+    assert throttle.ready()
+
+
+def test_a_slow_draw_spaces_the_next_by_its_cost_over_the_budget(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(preview.time, "perf_counter", clock)
+    throttle = preview.Throttle(fps=10.0, budget=0.02)
+    assert throttle.ready()
+    clock.now += 0.004           # a 4 ms draw: the next one waits 0.2 s from its start
+    throttle.drawn()
+    clock.now += 0.15
+    assert not throttle.ready()
+    clock.now += 0.05
+    assert throttle.ready()
 
 
 @pytest.mark.parametrize("requested, quiet, json_path, tty, expected", [
