@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 from ardiff.errors import EXIT_FAILED
-from ardiff_cli import options, render, signals
+from ardiff_cli import bench_preview, options, picture, render, signals
 from ardiff_cli.errors import handle_errors
 
 
@@ -56,6 +56,10 @@ def bench_command(
     overrides: options.OverrideList = options.SetOpt,
     json_path: str = typer.Option(None, "--json", metavar="PATH",
                                   help="Write the numbers as JSON to PATH ('-': stdout)."),
+    preview: bool = typer.Option(False, "--preview", help="Also time the rollout with and "
+                                 "without the live preview (target: <= 5% slower)."),
+    plot: Path = typer.Option(None, "--plot", metavar="PATH", help="Also draw one rollout: "
+                              "latency, KV pages, RSS, frames (.png .svg .html)."),
     debug: bool = options.DebugOpt,
 ) -> None:
     """Measure the paged KV runtime against the dense reference on one pipeline.
@@ -67,13 +71,16 @@ def bench_command(
     with signals.StopSignals() as stop_signals:
         with handle_errors(debug):
             options.check_json_path(json_path, config)
+            drawing = picture.RunPicture(plot, "--plot")
             from ardiff.bench import run_bench  # imports torch
             from ardiff.config.run import load_config
 
             run_config = load_config(config, list(overrides or []))
+            say = lambda msg: print(f"bench: {msg}", file=sys.stderr)  # noqa: E731
             report = run_bench(run_config, blocks, repeats, sweep, encode=not no_encode,
-                               on_progress=lambda msg: print(f"bench: {msg}", file=sys.stderr))
+                               on_progress=say)
             data = report.to_dict()
+            data.update(bench_preview.run_extras(run_config, repeats, preview, drawing, say))
             data["startup_s"] = {"help": startup_seconds(["--help"]),
                                  "inspect_spec": startup_seconds(["inspect-spec", str(config)])}
         stop_signals.hold()  # the numbers are written whatever comes now
@@ -87,6 +94,7 @@ def _emit(data: dict, json_path: str | None) -> None:
         return
     json_error = options.write_json_file(json_path, data) if json_path else None
     render.print_bench(data)
+    bench_preview.print_extras(data)
     if json_error:
         print(f"error: {json_error}", file=sys.stderr)
         raise typer.Exit(EXIT_FAILED)

@@ -17,7 +17,7 @@ import sys
 import typer
 
 from ardiff.errors import EXIT_FAILED, EXIT_INTERRUPTED
-from ardiff_cli import bench, config_schema, inspect_spec, rollout, signals, warmup
+from ardiff_cli import bench, config_schema, inspect_spec, play, rollout, signals, warmup
 
 app = typer.Typer(
     name="ardiff",
@@ -31,6 +31,7 @@ app.command("inspect-spec")(inspect_spec.inspect_spec_command)
 app.command("warmup")(warmup.warmup_command)
 app.command("bench")(bench.bench_command)
 app.command("config-schema")(config_schema.config_schema_command)
+app.command("play")(play.play_command)
 
 
 @app.callback()

@@ -16,8 +16,8 @@ def wants_progress(disabled: bool) -> bool:
 class RolloutProgress:
     """A context manager whose `update(event)` is the job's `on_event` callback."""
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
+    def __init__(self, enabled: bool, console: Console | None = None) -> None:
+        self.enabled, self.console = enabled, console  # None: stderr
         self._progress: Progress | None = None
         self._task = None
 
@@ -26,7 +26,8 @@ class RolloutProgress:
             self._progress = Progress(
                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("frames · {task.fields[fps]} fps"), TimeElapsedColumn(),
-                TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+                TimeRemainingColumn(), console=self.console or Console(stderr=True),
+                transient=True)
             self._progress.__enter__()
         return self
 

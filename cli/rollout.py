@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from ardiff.errors import EXIT_FAILED
-from ardiff_cli import options, progress, render, signals
+from ardiff_cli import options, picture, progress, render, signals
 from ardiff_cli.errors import handle_errors
 
 
@@ -46,6 +46,10 @@ def rollout_command(
                                   help="Write the stats as JSON to PATH ('-': stdout)."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no summary."),
+    show_frames: bool = typer.Option(False, "--preview", help="Draw the newest frame in the "
+                                     "terminal as it runs (needs a terminal on stderr)."),
+    report_path: Path = typer.Option(None, "--report", metavar="PATH", help="Draw latency, "
+                                     "KV pages, RSS and frames of the run: .png .svg .html."),
     debug: bool = options.DebugOpt,
 ) -> None:
     """Generate a video block by block over the paged KV cache (no CONFIG: the embedded default).
@@ -58,6 +62,7 @@ def rollout_command(
     with signals.StopSignals() as stop_signals:
         with handle_errors(debug):
             from ardiff.rollout.job import RolloutStop, run_rollout  # imports the runtime
+            from ardiff_cli import preview  # numpy: only when a command runs
 
             run_config = options.load_run_config(config, overrides, {
                 "output.path": output, "rollout.frames": frames, "rollout.seed": seed,
@@ -66,21 +71,25 @@ def rollout_command(
                 "runtime.device": device, "runtime.dtype": dtype,
                 "runtime.memory_budget": budget})
             _check_json_path(json_path, config, run_config)
+            drawing = picture.RunPicture(report_path, "--report")
             stop = RolloutStop()
             stop_signals.follow(stop)
             show = progress.wants_progress(no_progress or quiet)
-            with progress.RolloutProgress(enabled=show) as bar:
-                report = run_rollout(run_config, on_event=bar.update, stop=stop)
+            frames_on = preview.wants_preview(show_frames, quiet, json_path)
+            with preview.rollout_display(show, frames_on, run_config.output.fps) as bar:
+                report = run_rollout(run_config, on_event=drawing.follow(bar.update), stop=stop)
         stop_signals.hold()  # the stats and the summary are written whatever comes now
         if stop_signals.received and report.status == "ok":
             print(f"{stop_signals.received} came too late to stop anything: the run completed",
                   file=sys.stderr)
-        _finish(report, json_path, quiet, debug)
+        _finish(report, json_path, quiet, debug, drawing.write(report))
 
 
-def _finish(report, json_path: Optional[str], quiet: bool, debug: bool) -> None:
-    """Print and write what the run left; exit with its code (1 if only the stats failed)."""
-    json_error = _emit(report, json_path, quiet)
+def _finish(report, json_path: Optional[str], quiet: bool, debug: bool,
+            picture_error: Optional[str] = None) -> None:
+    """Print and write what the run left; exit with its code (1 if only the stats or the
+    picture failed)."""
+    json_error = _emit(report, json_path, quiet) or picture_error
     if report.status != "ok":
         if json_error:
             print(f"warning: {json_error}", file=sys.stderr)

@@ -110,6 +110,8 @@ class WorldNet(nn.Module):
 class ActionWorldModel:
     """The pipeline: one branch, actions as register tokens, no text."""
 
+    action_names = ACTIONS  # declared for `ardiff play` (the keys it maps)
+
     def __init__(self, **config) -> None:
         self.c = WorldConfig(**config)
         self.net: WorldNet | None = None

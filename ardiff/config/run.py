@@ -33,6 +33,7 @@ from pydantic.dataclasses import dataclass
 from pydantic.json_schema import SkipJsonSchema
 
 from ardiff.config import schema
+from ardiff.config.play import PlayConfig
 from ardiff.config.text import find_bad_text, path_problem, short_repr, shorten, text_problem
 from ardiff.config.yaml_loader import safe_load
 from ardiff.dtypes import DTYPE_BYTES, DTypeName
@@ -244,6 +245,8 @@ class RunConfig:
     warmup: Section[WarmupConfig] = WarmupConfig()
     rollout: Section[RolloutConfig] = RolloutConfig()
     output: Section[OutputConfig] = OutputConfig()
+    play: Section[PlayConfig] = PlayConfig()
+    """Keys of `ardiff play` (ardiff.config.play)."""
     base_dir: SkipJsonSchema[Path] = field(default=Path("."), compare=False, init=False)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numbers
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ardiff.config.run import RunConfig
 from ardiff.errors import (EXIT_FAILED, EXIT_INTERRUPTED, ArdiffError, PipelineLoadError,
@@ -63,19 +63,27 @@ class RolloutStop:
 
 @dataclass(frozen=True)
 class ProgressEvent:
-    """Progress for a UI: `phase` is `warmup`, `rollout` or `done`."""
+    """Progress for a UI: `phase` is `warmup`, `rollout` or `done`; a `rollout` event carries
+    its block (frames included) and the KV pages in use after it (None: a dense cache)."""
 
     phase: str
     frames_written: int
     frames_total: int
     block: BlockEvent | None = None
+    pages_in_use: int | None = None
+
+
+BlockSource = Callable[[Any, RolloutPlan], Iterator[BlockEvent]]  # (runner, plan) -> blocks
 
 
 def run_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], None] | None = None,
-                stop: RolloutStop | None = None) -> RolloutReport:
+                stop: RolloutStop | None = None,
+                blocks: BlockSource = iter_rollout) -> RolloutReport:
     """Run the rollout the config describes; return its report (status ok/failed/interrupted).
 
     `stop` is polled at safe points (see the module docstring); None: run to the end.
+    `blocks` drives the runner (default: the plan's blocks; `ardiff.rollout.live` steps
+    one block at a time with actions chosen as it goes).
     Raises ardiff errors only before the rollout starts (bad input, capacity, loading).
     """
     from ardiff.video.writer import check_output_path  # imports torch: only when a job runs
@@ -98,7 +106,7 @@ def run_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], None] | N
         raise
     report = _new_report(config, plan, runner)
     try:
-        _warm_up_and_run(runner, plan, config, report, emit, stop)
+        _warm_up_and_run(runner, plan, config, report, emit, stop, blocks)
     finally:
         _close_runner(runner, report)
     _finish_report(report, runner)
@@ -134,7 +142,8 @@ def _new_report(config: RunConfig, plan: RolloutPlan, runner: Any) -> RolloutRep
 
 
 def _warm_up_and_run(runner: Any, plan: RolloutPlan, config: RunConfig, report: RolloutReport,
-                     emit: Callable[[ProgressEvent], None], stop: RolloutStop) -> None:
+                     emit: Callable[[ProgressEvent], None], stop: RolloutStop,
+                     blocks: BlockSource) -> None:
     """Warmup, then the rollout, each only if nothing stopped the job before it."""
     try:
         if config.warmup.enabled and not _stopped(report, stop):
@@ -142,7 +151,7 @@ def _warm_up_and_run(runner: Any, plan: RolloutPlan, config: RunConfig, report: 
             emit(ProgressEvent("warmup", 0, report.frames_requested))
             _warmup(runner, report)
         if report.status == "ok" and not _stopped(report, stop):
-            _run(runner, plan, config, report, emit, stop)
+            _run(runner, plan, config, report, emit, stop, blocks)
     except BaseException as exc:  # noqa: BLE001 - e.g. Ctrl-C between the steps: still a report
         if report.status == "ok":
             _record_failure(report, exc)
@@ -164,18 +173,19 @@ def _warmup(runner: Any, report: RolloutReport) -> None:
 
 
 def _run(runner: Any, plan: RolloutPlan, config: RunConfig, report: RolloutReport,
-         emit: Callable[[ProgressEvent], None], stop: RolloutStop) -> None:
+         emit: Callable[[ProgressEvent], None], stop: RolloutStop, blocks: BlockSource) -> None:
     stop.phase = "rollout"  # before the first file opens: from here a stop must be requested
     writers: dict[int, Any] = {}
     start = time.perf_counter()
     try:
-        for event in iter_rollout(runner, plan):
+        for event in blocks(runner, plan):
             _write(event, writers, config, report)
             if report.time_to_first_frame_s is None:
                 report.time_to_first_frame_s = time.perf_counter() - start
             if event.frames_written >= plan.frames:
                 _close_writer(writers.pop(event.stream.index), event.stream, report, stop)
-            emit(ProgressEvent("rollout", report.frames_written, report.frames_requested, event))
+            emit(ProgressEvent("rollout", report.frames_written, report.frames_requested, event,
+                               runner.cache.stats().pages_in_use))
             if _stopped(report, stop):
                 break
     except BaseException as exc:  # noqa: BLE001 - every failure ends in a report

@@ -95,7 +95,7 @@ def test_unknown_keys_come_before_the_values_of_their_section():
 
 
 def test_a_key_that_is_not_text_is_unknown():
-    with raises("1: unknown key; known keys: pipeline, runtime, warmup, rollout, output"):
+    with raises("1: unknown key; known keys: pipeline, runtime, warmup, rollout, output, play"):
         build({**MINIMAL, 1: {}})
     with raises("base_dir: unknown key"):  # set from the file's folder, never from its text
         build({**MINIMAL, "base_dir": "/tmp"})

@@ -64,7 +64,7 @@ CASES = [
     Case("unknown key", 2, r"^rollout\.frams: unknown key; did you mean 'frames'\?",
          config=rollout(frams=4)),
     Case("unknown section", 2, r"^video: unknown key; known keys: pipeline, runtime, warmup, "
-         r"rollout, output", config={"video": {"fps": 8}}),
+         r"rollout, output, play", config={"video": {"fps": 8}}),
     Case("wrong type", 2, r"^rollout\.frames: expected an integer, got 'many' \(str\)",
          config=rollout(frames="many")),
     Case("wrong type of section", 2, r"^runtime: expected a mapping of keys, got 'cpu' \(str\)",
@@ -182,6 +182,16 @@ CASES = [
          args=("--json", "ro/stats.json"), needs=READ_ONLY),
     Case("`--json` names a folder", 2, r"^--json: 'stats' is a folder; give a file name like "
          r"'stats/stats\.json'", args=("--json", "stats"), files=(("stats/.keep", ""),)),
+    Case("`--report` not a picture", 2, r"^--report: 'run\.jpg' has no picture suffix; end it "
+         r"in \.png, \.svg, \.html", args=("--report", "run.jpg")),
+    Case("`play` with a pipeline without actions", 2, r"^pipeline: 'fault_pipelines\.py:"
+         r"FaultPipeline' declares no actions \(no action_names\); ardiff play needs an "
+         r"action-conditioned pipeline, such as the default one", command="play"),
+    Case("`play` without a terminal", 2, r"^ardiff play: needs a terminal \(stdin and stderr "
+         r"are not both TTYs\); to run actions without one, use ardiff rollout --actions "
+         r"FILE", config=entry("bouncing"), command="play"),
+    Case("`play.keys` uses q", 2, r"^play\.keys: 'q' is reserved: it ends ardiff play; "
+         r"choose another key", config={"play": {"keys": {"left": ["q"]}}}, command="play"),
     # -- device, dtype, memory ----------------------------------------------------------------
     Case("unknown device", 2, r"^runtime\.device: 'tpu' is not a device; use cpu, cuda, cuda:N "
          r"or auto", args=("--device", "tpu")),

@@ -42,6 +42,8 @@ class BouncingWorld:
     frames (dropped once the model takes over).
     """
 
+    action_names = sim.ACTIONS  # what `rollout.actions` and `ardiff play` may choose
+
     def __init__(self, **config) -> None:
         self.config = BouncingConfig(**config)
         self.model: BouncingDiT | None = None

@@ -1,0 +1,84 @@
+"""A rollout steered while it runs: one block per step, its actions chosen at that moment.
+
+    blocks = LiveBlocks(choose)           # choose(block_index) -> actions, or None: stop
+    report = run_rollout(config, on_event, stop, blocks=blocks)
+    write_action_log(path, blocks.log)    # replays with `rollout.actions: path`
+
+`LiveBlocks` is a block source for `run_rollout` (ardiff.rollout.job): the job still
+loads, warms up, writes the video, polls its stop and reports; only the actions of each
+block come from the caller, who may take its time (`ardiff play` waits for the next tick
+of the output's frame rate and reads the keyboard meanwhile). It drives the plan's first
+stream and stops when `choose` returns None or the stream has `rollout.frames` frames.
+The log holds exactly the actions of the blocks that ran, so the same config, seed and
+frame count with `rollout.actions` set to it makes the same frames.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import yaml
+
+from ardiff.errors import ConfigError, OutputPathError
+from ardiff.rollout.streams import BlockEvent, RolloutPlan, Stream, build_request
+
+Actions = tuple[str, ...]
+
+
+def pipeline_actions(pipeline: Any) -> tuple[str, ...] | None:
+    """The actions a pipeline declares (`action_names`: names a request's `actions` may
+    hold), or None when it declares none. Raises ConfigError for a malformed declaration."""
+    names = getattr(pipeline, "action_names", None)
+    if names is None:
+        return None
+    if (isinstance(names, str) or not isinstance(names, (tuple, list)) or not names
+            or not all(isinstance(name, str) and name for name in names)):
+        raise ConfigError(f"pipeline: action_names is {names!r}; it must be a non-empty tuple "
+                          f"of action names like ('none', 'left'), or leave it undefined")
+    return tuple(names)
+
+
+class LiveBlocks:
+    """The block source of a steered rollout; `log` holds each run block's actions."""
+
+    def __init__(self, choose: Callable[[int], Actions | None]) -> None:
+        self.choose = choose
+        self.log: list[Actions] = []
+
+    def __call__(self, runner: Any, plan: RolloutPlan) -> Iterator[BlockEvent]:
+        stream, written = plan.streams[0], 0
+        for block_index in itertools.count():
+            actions = None if written >= plan.frames else self.choose(block_index)
+            if actions is None:
+                return
+            event = step_block(runner, plan, stream, block_index, written, actions)
+            self.log.append(actions)
+            written = event.frames_written
+            yield event
+
+
+def step_block(runner: Any, plan: RolloutPlan, stream: Stream, block_index: int,
+               written: int, actions: Actions) -> BlockEvent:
+    """Run block `block_index` of `stream` with `actions` (the plan's request otherwise);
+    its frames are cut to what the stream still needs after `written`."""
+    request = dataclasses.replace(build_request(plan, stream, block_index), actions=actions)
+    result = runner.execute(request)
+    frames = result.output.frames[:plan.frames - written]
+    return BlockEvent(stream, block_index, frames, result.latency_s,
+                      written + int(frames.shape[0]))
+
+
+def write_action_log(path: str | Path, log: list[Actions], comment: list[str] = ()) -> None:
+    """Write `log` as a `rollout.actions` file (`actions:` then one block per line) with
+    `comment` lines on top. Raises OutputPathError when the file cannot be written."""
+    entries = [list(actions) if len(actions) > 1 else actions[0] for actions in log]
+    header = "".join(f"# {line}\n" for line in comment)
+    body = yaml.safe_dump({"actions": entries}, default_flow_style=False, sort_keys=False)
+    try:
+        Path(path).write_text(header + body, encoding="utf-8")
+    except OSError as exc:
+        raise OutputPathError(f"--actions-out: cannot write {str(path)!r} ({type(exc).__name__}: "
+                              f"{exc.strerror or exc}); choose a writable path") from exc

@@ -1,0 +1,115 @@
+"""One game of `ardiff play`: checked before it starts, run, then its recording written.
+
+    session = PlaySession(run_config, config_path, actions_out)   # refuses bad input
+    report = session.run(stop_signals)
+    finish(session, report, replay_args, debug)                    # log, summary, exit
+
+Refused before anything runs (exit 2, one line): a pipeline that declares no actions,
+a `play` section naming actions it does not have, an action log path that is the video
+or sits in a missing folder.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from ardiff.config.play import key_map
+from ardiff.config.text import short_repr
+from ardiff.errors import ArdiffError, ConfigError
+
+LOG_SUFFIX = ".actions.yaml"
+
+
+def action_log_path(output: str, actions_out: Optional[Path]) -> Path:
+    """`--actions-out`, or the video's path with `.actions.yaml` for its suffix
+    (`play.mp4` -> `play.actions.yaml`, a folder `frames/` -> `frames.actions.yaml`)."""
+    if actions_out is not None:
+        return actions_out.expanduser()
+    path = Path(output).expanduser()
+    base = path.with_suffix("") if path.suffix else path
+    return base.parent / (base.name + LOG_SUFFIX)
+
+
+class PlaySession:
+    """The checked inputs of one game: config, key map, where the log goes."""
+
+    def __init__(self, run_config: Any, config_path: Optional[Path],
+                 actions_out: Optional[Path]) -> None:
+        from ardiff.engine.loader import build_pipeline
+        from ardiff.rollout.live import pipeline_actions
+
+        self.config, self.config_path = run_config, config_path
+        pipeline = build_pipeline(run_config.pipeline, run_config.base_dir)
+        names = pipeline_actions(pipeline)
+        if names is None:
+            raise ConfigError(f"pipeline: {short_repr(run_config.pipeline.entry)} declares no "
+                              f"actions (no action_names); ardiff play needs an "
+                              f"action-conditioned pipeline, such as the default one")
+        self.key_map = key_map(run_config.play, names)
+        self.log_path = action_log_path(run_config.output.path, actions_out)
+        self._check_log_path()
+        self.blocks = None
+
+    def _check_log_path(self) -> None:
+        from ardiff.rollout.paths import check_rollout_paths
+
+        check_rollout_paths(self.config, config_file=self.config_path)
+        log = self.log_path
+        if not log.parent.is_dir():
+            raise ConfigError(f"--actions-out: the folder of {str(log)!r} does not exist; "
+                              f"create it or choose another path")
+        if log.resolve() == Path(self.config.output.path).expanduser().resolve():
+            raise ConfigError(f"--actions-out: {str(log)!r} is the video's path; choose "
+                              f"another name for the action log")
+
+    def run(self, stop_signals: Any) -> Any:
+        """Play until q, Ctrl-C, a stop signal or `rollout.frames`; returns the report."""
+        from ardiff.rollout.job import RolloutStop, run_rollout
+        from ardiff.rollout.live import LiveBlocks
+        from ardiff_cli.keys import TerminalKeys
+        from ardiff_cli.play import Pacer, PlayDisplay
+
+        stop = RolloutStop()
+        stop_signals.follow(stop)
+        fps = self.config.output.fps
+        with TerminalKeys(sys.stdin.fileno()) as keys:
+            pacer = Pacer(keys, self.key_map, fps)
+            self.blocks = LiveBlocks(pacer.choose)
+            with PlayDisplay(pacer, fps) as display:
+                report = run_rollout(self.config, on_event=display.update, stop=stop,
+                                     blocks=self.blocks)
+        report.frames_requested = report.frames_written  # a game asks for what was played
+        return report
+
+
+def finish(session: PlaySession, report: Any, replay_args: list[str], debug: bool) -> None:
+    """Write the action log, say how to replay it, then the rollout's summary and exit."""
+    from ardiff_cli.rollout import _finish
+
+    log_error = None
+    if session.blocks is not None and session.blocks.log:
+        log_error = _write_log(session, report, replay_args)
+    else:
+        print("nothing was played: no action log written", file=sys.stderr)
+    _finish(report, None, False, debug, log_error)
+
+
+def _write_log(session: PlaySession, report: Any, replay_args: list[str]) -> Optional[str]:
+    from ardiff.rollout.live import write_action_log
+
+    replay = shlex.join(["ardiff", "rollout", *replay_args, "--seed",
+                         str(session.config.rollout.seed), "--frames",
+                         str(report.frames_written), "--actions", str(session.log_path),
+                         "-o", "replay.npy"])
+    comment = ["ardiff play: the action of each AR block, in order. Replay it frame for frame:",
+               f"  {replay}"]
+    try:
+        write_action_log(session.log_path, session.blocks.log, comment)
+    except ArdiffError as exc:
+        return str(exc)
+    print(f"actions: {session.log_path} ({len(session.blocks.log)} blocks); replay: {replay}",
+          file=sys.stderr)
+    return None

@@ -1,0 +1,70 @@
+"""Make the README's pictures with ardiff itself: docs/preview.png and docs/report.png.
+
+    python docs/make_screenshots.py          (matplotlib needed for report.png)
+
+`preview.png`: the embedded default rollout runs with the live preview of `ardiff rollout
+--preview` (ardiff_cli.preview) drawing into an off-screen 64 x 34 terminal. Its last
+frame and progress line are rendered once more into Rich lines of cells, and each cell
+is painted as a terminal paints it: a half block `▀` is its foreground colour above its
+background colour, any other character is drawn in the font's glyph. `report.png`: the
+same run's `--report` picture.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from PIL import Image, ImageDraw, ImageFont
+from rich.console import Console, Group
+
+from ardiff.config.run import load_config
+from ardiff.rollout.job import run_rollout
+from ardiff_cli import picture, preview
+
+DOCS = Path(__file__).resolve().parent
+COLUMNS, ROWS = 64, 34           # the terminal the screenshot shows
+CELL_W, CELL_H = 10, 20          # pixels of one character cell
+BACKGROUND, FOREGROUND = (24, 24, 24), (220, 220, 220)
+
+
+def main() -> None:
+    config = load_config(None, [f"output.path={DOCS / 'screenshot-run.npy'}"])
+    drawing = picture.RunPicture(DOCS / "report.png", "--report")
+    with open(os.devnull, "w") as sink:
+        terminal = Console(file=sink, force_terminal=True, color_system="truecolor",
+                           width=COLUMNS, height=ROWS)
+        with preview.RolloutPreview(config.output.fps, console=terminal) as display:
+            report = run_rollout(config, on_event=drawing.follow(display.update))
+        (DOCS / "screenshot-run.npy").unlink()
+        styled = Console(file=sink, width=COLUMNS, height=ROWS, color_system="truecolor")
+        lines = styled.render_lines(Group(display.view, display.line), pad=False)
+    paint(lines).save(DOCS / "preview.png")
+    error = drawing.write(report)
+    if error:
+        raise SystemExit(error)
+
+
+def paint(lines) -> Image.Image:
+    """Rich lines of segments -> the terminal's pixels."""
+    image = Image.new("RGB", (COLUMNS * CELL_W, len(lines) * CELL_H), BACKGROUND)
+    draw, font = ImageDraw.Draw(image), ImageFont.load_default(size=CELL_H - 4)
+    for row, line in enumerate(lines):
+        column = 0
+        for segment in line:
+            for char in segment.text:
+                x, y = column * CELL_W, row * CELL_H
+                if char == preview.HALF_BLOCK:
+                    top = segment.style.color.get_truecolor()
+                    bottom = segment.style.bgcolor.get_truecolor()
+                    draw.rectangle((x, y, x + CELL_W - 1, y + CELL_H // 2 - 1), fill=tuple(top))
+                    draw.rectangle((x, y + CELL_H // 2, x + CELL_W - 1, y + CELL_H - 1),
+                                   fill=tuple(bottom))
+                elif not char.isspace():
+                    draw.text((x, y + 2), char, fill=FOREGROUND, font=font)
+                column += 1
+    return image
+
+
+if __name__ == "__main__":
+    main()
