@@ -14,8 +14,9 @@ computed once, one way.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ardiff.config.run import RunConfig
 from ardiff.contract.spec import (ARDiffusionKVCacheSpec, apply_overrides,
@@ -46,11 +47,20 @@ class ResolvedPipeline:
                          stores_registers=stores_registers)
 
 
-def resolve(config: RunConfig, pipeline: Any | None = None) -> ResolvedPipeline:
-    """Build the config's pipeline (or take `pipeline`), validate its spec, apply overrides."""
+def resolve(config: RunConfig, pipeline: Any | None = None,
+            parallel: Any = None) -> ResolvedPipeline:
+    """Build the config's pipeline (or take `pipeline`), validate its spec, apply overrides.
+
+    Under `runtime.parallel.cfg: 2` the pipeline gets its CFG-parallel context first
+    (`parallel`, or a dry one for rank 0), so its spec is the one a rank runs."""
+    from ardiff.parallel.context import bind_parallel, check_cfg_spec
+
     if pipeline is None:
         pipeline = build_pipeline(config.pipeline, config.base_dir)
+    cfg = config.runtime.parallel.cfg
+    bind_parallel(pipeline, cfg, parallel)
     declared = get_spec(pipeline)
+    check_cfg_spec(declared, cfg, config.rollout.guidance_scale)
     kv = config.runtime.kv
     spec = apply_overrides(declared, window_frames=kv.window_frames, sink_frames=kv.sink_frames)
     return ResolvedPipeline(config, pipeline, declared, spec)
@@ -112,12 +122,14 @@ def _free_bytes_for_dry_run(config: RunConfig) -> int:
 # -- the second half: load, measure, plan, allocate -------------------------------------------
 
 def build_runner(config: RunConfig, resolved: ResolvedPipeline | None = None,
-                 load_weights: bool = True, backend: str | None = None):
+                 load_weights: bool = True, backend: str | None = None,
+                 agree_min: Callable[[int], int] | None = None):
     """A ready `Runner` for the config: load the pipeline, then plan and allocate its cache.
 
     `resolved` reuses a pipeline already built by `resolve`; `load_weights=False`
     skips the `load` hook (for a pipeline another runner loaded); `backend`
-    overrides `runtime.kv.backend` (bench runs both)."""
+    overrides `runtime.kv.backend` (bench runs both); `agree_min` makes the session
+    capacity the minimum over a parallel job's ranks (so their LRU decisions match)."""
     from ardiff.engine.runner import Runner  # torch is imported only when a runner is built
 
     resolved = resolved or resolve(config)
@@ -129,6 +141,8 @@ def build_runner(config: RunConfig, resolved: ResolvedPipeline | None = None,
     free_bytes = free_memory_bytes(device)
     check_budget_fits(config.runtime.memory_budget, free_bytes, device)
     plan = resolved.plan(free_bytes, stores_registers=backend == "paged")
+    if agree_min is not None:
+        plan = dataclasses.replace(plan, session_capacity=agree_min(plan.session_capacity))
     return Runner(resolved.pipeline, _allocate(plan, backend, device, kv.poison), device)
 
 
