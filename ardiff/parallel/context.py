@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ardiff.config.text import shorten
 from ardiff.contract.spec import ARDiffusionKVBranchSpec, ARDiffusionKVCacheSpec
 from ardiff.errors import ConfigError, RunError
 
@@ -67,8 +66,8 @@ class ParallelContext:
             dist.all_gather(gathered, tensor.contiguous(), group=self.group)
         except Exception as exc:  # gloo/nccl raise RuntimeError subclasses when a peer goes
             raise PeerLostError(f"rank {self.global_rank}: a peer of its CFG group left during "
-                                f"an all-gather ({type(exc).__name__}: "
-                                f"{shorten(str(exc), 120)})") from exc
+                                f"an all-gather ({type(exc).__name__} from "
+                                f"{dist.get_backend(self.group)})") from exc
         return gathered
 
 

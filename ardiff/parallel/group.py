@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from ardiff.config.text import shorten
 from ardiff.parallel.context import PeerLostError
 from ardiff.parallel.topology import RankInfo
 
@@ -36,7 +35,7 @@ class Groups:
             dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op), group=group)
         except Exception as exc:
             raise PeerLostError(f"rank {self.rank.rank}: a peer left while the ranks agreed "
-                                f"({type(exc).__name__}: {shorten(str(exc), 120)})") from exc
+                                f"({type(exc).__name__} from {dist.get_backend(group)})") from exc
         return int(tensor.item())
 
 

@@ -13,7 +13,8 @@ Supervision, every quarter second until every rank has sent its result or ended:
   to stop after its block in flight; a CFG peer blocked on it raises at once (its group
   is torn down), so the job ends within seconds;
 - a stop request (Ctrl-C, SIGTERM...) is passed on to every rank the same way;
-- a rank silent for `timeout_s` is stuck: it is failed and killed.
+- a rank silent for `timeout_s` once it started (it says so as soon as its interpreter
+  runs; `START_S` at most before that) is stuck: it is failed and killed.
 No rank outlives the parent: the ranks are ended before this returns.
 """
 
@@ -35,6 +36,7 @@ from ardiff.rollout.job import ProgressEvent, RolloutStop, prepare_rollout
 from ardiff.rollout.report import RolloutReport
 
 POLL_S = 0.25          # how often the parent looks at its ranks
+START_S = 120.0        # a rank may take this long to start (import torch) before timeout_s counts
 KILL_GRACE_S = 3.0     # a rank asked to end (SIGTERM) has this long before SIGKILL
 
 
@@ -126,6 +128,7 @@ class Supervisor:
         self.procs: dict[int, Any] = {}
         self.conns: dict[int, Any] = {}
         self.heard: dict[int, float] = {}
+        self.started: set[int] = set()
         self.frames: dict[int, int] = {}
         self.phase = "warmup"
         self.stop_sent = False
@@ -188,7 +191,9 @@ class Supervisor:
             while not conn.closed and conn.poll():
                 kind, payload = conn.recv()
                 self.heard[rank] = time.monotonic()
-                if kind == "progress":
+                if kind == "started":
+                    self.started.add(rank)
+                elif kind == "progress":
                     self._progress(rank, payload)
                 else:
                     self.outcome.add_result(payload)
@@ -207,7 +212,8 @@ class Supervisor:
         timeout_s = next(iter(self.jobs.values())).timeout_s
         now = time.monotonic()
         for rank in self._pending():
-            if now - self.heard[rank] > timeout_s:
+            limit = timeout_s if rank in self.started else max(timeout_s, START_S)
+            if now - self.heard[rank] > limit:
                 self._fail(rank, f"no progress for {timeout_s:g} s (runtime.parallel.timeout_s); "
                                  f"it was stopped")
                 _end(self.procs[rank])

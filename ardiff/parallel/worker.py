@@ -53,6 +53,7 @@ def spawned_rank_main(job: RankJob, conn: Any) -> None:
 
     stop = RankStop()
     threading.Thread(target=_follow_parent, args=(conn, stop), daemon=True).start()
+    send(("started", os.getpid()))
     try:
         result = run_rank(job, stop, lambda event: send(("progress", progress_message(event))))
         send(("result", result))
