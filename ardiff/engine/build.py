@@ -73,7 +73,13 @@ class SpecReport:
     """The declared spec, the effective one (overrides applied) and its plan."""
 
     declared: ARDiffusionKVCacheSpec
-    plan: KVPlan
+    plan: KVPlan              # one rank's, in a parallel job
+    workers: int = 1          # runtime.parallel: data-parallel replicas...
+    cfg: int = 1              # ... of this many ranks each
+
+    @property
+    def num_ranks(self) -> int:
+        return self.workers * self.cfg
 
     @property
     def effective(self) -> ARDiffusionKVCacheSpec:
@@ -96,13 +102,25 @@ class SpecReport:
                 "dtype": self.plan.dtype,
             },
             "memory": self.plan.to_dict(),
+            "parallel": {"workers": self.workers, "cfg": self.cfg, "ranks": self.num_ranks,
+                         "per_rank_bytes": self.plan.total_bytes,
+                         "total_bytes": self.num_ranks * self.plan.total_bytes},
         }
 
 
 def inspect_spec(config: RunConfig) -> SpecReport:
     """Build the pipeline (no `load`), validate its spec and plan it; allocate nothing."""
+    from ardiff.parallel.topology import rank_budget
+
+    parallel = config.runtime.parallel
     resolved = resolve(config)
-    return SpecReport(resolved.declared, resolved.plan(_free_bytes_for_dry_run(config)))
+    runtime = config.runtime
+    share = rank_budget(runtime.memory_budget, runtime.device, parallel.world_size)
+    if share != runtime.memory_budget:  # ranks on one host share its memory
+        resolved = dataclasses.replace(resolved, config=dataclasses.replace(
+            config, runtime=dataclasses.replace(runtime, memory_budget=share)))
+    return SpecReport(resolved.declared, resolved.plan(_free_bytes_for_dry_run(config)),
+                      parallel.workers, parallel.cfg)
 
 
 def _free_bytes_for_dry_run(config: RunConfig) -> int:

@@ -40,13 +40,16 @@ class Groups:
 
 
 def join_groups(rank: RankInfo, backend: str, init_method: str, timeout_s: float,
-                device: str) -> Groups:
+                device: str, start_timeout_s: float) -> Groups:
     """Join the job's process group and create every CFG group (each rank creates all of
-    them, in one order, as torch.distributed requires)."""
+    them, in one order, as torch.distributed requires). The job's group, used while the
+    ranks start (rendezvous, the capacity agreement), waits `start_timeout_s` for a peer;
+    a CFG group, used every denoising step, `timeout_s`."""
     import torch.distributed as dist
 
     dist.init_process_group(backend, init_method=init_method, rank=rank.rank,
-                            world_size=rank.world_size, timeout=timedelta(seconds=timeout_s))
+                            world_size=rank.world_size,
+                            timeout=timedelta(seconds=start_timeout_s))
     mine = None
     if rank.cfg > 1:
         for replica in range(rank.workers):

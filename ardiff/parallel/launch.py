@@ -13,8 +13,9 @@ Supervision, every quarter second until every rank has sent its result or ended:
   to stop after its block in flight; a CFG peer blocked on it raises at once (its group
   is torn down), so the job ends within seconds;
 - a stop request (Ctrl-C, SIGTERM...) is passed on to every rank the same way;
-- a rank silent for `timeout_s` once it started (it says so as soon as its interpreter
-  runs; `START_S` at most before that) is stuck: it is failed and killed.
+- a rank silent for `timeout_s` once it began warming up or rolling out (before that,
+  while it imports, loads and agrees with its peers, `START_S` at the most; a group that
+  waits for a stuck peer raises at `timeout_s` anyway) is stuck: it is failed and killed.
 No rank outlives the parent: the ranks are ended before this returns.
 """
 
@@ -28,15 +29,15 @@ from multiprocessing.connection import wait
 from typing import Any, Callable
 
 from ardiff.config.run import RunConfig
-from ardiff.parallel.merge import Failure, JobOutcome, merge
+from ardiff.errors import EXIT_FAILED
+from ardiff.parallel.merge import JobOutcome, merge
 from ardiff.parallel.topology import (RankInfo, check_devices, check_streams, local_ranks,
                                       pick_backend, rank_threads)
-from ardiff.parallel.worker import RankJob, spawned_rank_main
+from ardiff.parallel.worker import START_S, RankJob, rank_result, spawned_rank_main
 from ardiff.rollout.job import ProgressEvent, RolloutStop, prepare_rollout
 from ardiff.rollout.report import RolloutReport
 
 POLL_S = 0.25          # how often the parent looks at its ranks
-START_S = 120.0        # a rank may take this long to start (import torch) before timeout_s counts
 KILL_GRACE_S = 3.0     # a rank asked to end (SIGTERM) has this long before SIGKILL
 
 
@@ -128,7 +129,7 @@ class Supervisor:
         self.procs: dict[int, Any] = {}
         self.conns: dict[int, Any] = {}
         self.heard: dict[int, float] = {}
-        self.started: set[int] = set()
+        self.running: set[int] = set()  # ranks past loading: warming up or rolling out
         self.frames: dict[int, int] = {}
         self.phase = "warmup"
         self.stop_sent = False
@@ -164,11 +165,7 @@ class Supervisor:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def _pending(self) -> list[int]:
-        return [r for r in self.jobs if r not in self.outcome.results and r not in self._ended]
-
-    @property
-    def _ended(self) -> set[int]:
-        return {f.rank for f in self.outcome.failures if f.rank not in self.outcome.results}
+        return [r for r in self.jobs if r not in self.outcome.results]
 
     def _live_conns(self) -> list[Any]:
         return [self.conns[r] for r in self._pending() if not self.conns[r].closed]
@@ -191,9 +188,7 @@ class Supervisor:
             while not conn.closed and conn.poll():
                 kind, payload = conn.recv()
                 self.heard[rank] = time.monotonic()
-                if kind == "started":
-                    self.started.add(rank)
-                elif kind == "progress":
+                if kind == "progress":
                     self._progress(rank, payload)
                 else:
                     self.outcome.add_result(payload)
@@ -201,6 +196,7 @@ class Supervisor:
             conn.close()
 
     def _progress(self, rank: int, message: dict[str, Any]) -> None:
+        self.running.add(rank)
         if message["phase"] == "done" or not self.jobs[rank].rank.writes:
             return
         if message["phase"] == "rollout":
@@ -212,14 +208,16 @@ class Supervisor:
         timeout_s = next(iter(self.jobs.values())).timeout_s
         now = time.monotonic()
         for rank in self._pending():
-            limit = timeout_s if rank in self.started else max(timeout_s, START_S)
+            limit = timeout_s if rank in self.running else max(timeout_s, START_S)
             if now - self.heard[rank] > limit:
                 self._fail(rank, f"no progress for {timeout_s:g} s (runtime.parallel.timeout_s); "
                                  f"it was stopped")
                 _end(self.procs[rank])
 
     def _fail(self, rank: int, message: str) -> None:
-        self.outcome.failures.append(Failure(rank, message))
+        """A rank that will send no result (it ended, or is stuck): the parent writes it."""
+        report = {"status": "failed", "error": message, "exit_code": EXIT_FAILED}
+        self.outcome.add_result(rank_result(self.jobs[rank], report, pid=self.procs[rank].pid))
 
     def _pass_on_stops(self) -> None:
         if self.stop_sent:
@@ -239,8 +237,8 @@ class Supervisor:
                 pass  # it is ending; its sentinel says so
 
     def _end_all(self) -> None:
-        for rank, proc in self.procs.items():
-            proc.join(timeout=0 if rank in self._ended else KILL_GRACE_S)
+        for proc in self.procs.values():
+            proc.join(timeout=KILL_GRACE_S)
             _end(proc)
         for conn in self.conns.values():
             conn.close()

@@ -80,7 +80,9 @@ def merge(outcome: JobOutcome, report: RolloutReport, streams: dict[int, list[in
 def _set_status(report: RolloutReport, outcome: JobOutcome) -> None:
     cause = outcome.cause
     if cause is not None:
-        others = " (the other ranks were stopped)" if len(outcome.results) > 1 else ""
+        stopped = [r for r, result in outcome.results.items()
+                   if r != cause.rank and result["report"]["status"] != "ok"]
+        others = f" (stopped too: rank {', '.join(map(str, stopped))})" if stopped else ""
         report.status, report.exit_code = "failed", cause.exit_code or EXIT_FAILED
         report.error = f"rank {cause.rank}: {cause.message}{others}"
         return

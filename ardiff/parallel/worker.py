@@ -27,6 +27,8 @@ from ardiff.parallel.group import Groups, join_groups, leave_groups
 from ardiff.parallel.stop import RankStop
 from ardiff.parallel.topology import RankInfo, rank_budget, rank_device
 
+START_S = 300.0  # a rank may take this long to start, load and build (timeout_s counts after)
+
 
 @dataclass(frozen=True)
 class RankJob:
@@ -53,7 +55,6 @@ def spawned_rank_main(job: RankJob, conn: Any) -> None:
 
     stop = RankStop()
     threading.Thread(target=_follow_parent, args=(conn, stop), daemon=True).start()
-    send(("started", os.getpid()))
     try:
         result = run_rank(job, stop, lambda event: send(("progress", progress_message(event))))
         send(("result", result))
@@ -85,13 +86,13 @@ def run_rank(job: RankJob, stop: RankStop, on_event: Callable[[Any], None]) -> d
     start = time.perf_counter()
     try:
         groups = join_groups(rank, job.backend, job.init_method, job.timeout_s,
-                             config.runtime.device)
+                             config.runtime.device, start_timeout_s=max(job.timeout_s, START_S))
         stop.groups = groups
         share = JobShare(rank.replica, rank.workers, rank.writes, _context(rank, groups),
                          groups.agree_min)
         report = run_rollout(config, on_event=on_event, stop=stop, share=share)
-        result = _result(job, report.to_dict(), report.block_latencies_s,
-                         isinstance(report.exception, PeerLostError))
+        result = rank_result(job, report.to_dict(), report.block_latencies_s,
+                             isinstance(report.exception, PeerLostError))
     except BaseException as exc:  # noqa: BLE001 - a rank's failure is data for the parent
         result = _failure(job, exc)
     result["wall_s"] = time.perf_counter() - start
@@ -129,17 +130,16 @@ def progress_message(event: Any) -> dict[str, Any]:
             "latency_s": None if block is None else block.latency_s}
 
 
-def _identity(job: RankJob) -> dict[str, Any]:
+def rank_result(job: RankJob, report: dict[str, Any], latencies: list[float] = (),
+                peer_lost: bool = False, pid: int | None = None) -> dict[str, Any]:
+    """A rank's result as plain data: who it was, its report (`to_dict()`, or only status,
+    error and exit_code when it never got to a rollout), its block latencies."""
     rank = job.rank
     return {"rank": rank.rank, "replica": rank.replica, "cfg_rank": rank.cfg_rank,
-            "writes": rank.writes, "pid": os.getpid(), "threads": job.threads,
-            "device": rank_device(_resolved_device(job.config.runtime.device), rank.local_rank)}
-
-
-def _result(job: RankJob, report: dict[str, Any], latencies: list[float],
-            peer_lost: bool) -> dict[str, Any]:
-    return {**_identity(job), "report": report, "block_latencies_s": list(latencies),
-            "peer_lost": peer_lost}
+            "writes": rank.writes, "pid": os.getpid() if pid is None else pid,
+            "threads": job.threads,
+            "device": rank_device(_resolved_device(job.config.runtime.device), rank.local_rank),
+            "report": report, "block_latencies_s": list(latencies), "peer_lost": peer_lost}
 
 
 def _failure(job: RankJob, exc: BaseException) -> dict[str, Any]:
@@ -150,5 +150,5 @@ def _failure(job: RankJob, exc: BaseException) -> dict[str, Any]:
         status = "failed"
         code = exc.exit_code if isinstance(exc, ArdiffError) else EXIT_FAILED
         error = str(exc) if isinstance(exc, ArdiffError) else f"{type(exc).__name__}: {exc}"
-    return {**_identity(job), "report": {"status": status, "error": error, "exit_code": code},
-            "block_latencies_s": [], "peer_lost": isinstance(exc, PeerLostError)}
+    return rank_result(job, {"status": status, "error": error, "exit_code": code},
+                       peer_lost=isinstance(exc, PeerLostError))
