@@ -26,7 +26,6 @@ from torch import nn
 
 import ardiff
 from ardiff.kv.attention import attend
-from ardiff.parallel.context import ParallelContext, cfg_branch_specs
 from ardiff.pipelines.decoder import LatentDecoder
 from ardiff.pipelines.nn import AdaLN, Patches, Rope, RotaryEmbedding, TimestepEmbedding, rotate
 from ardiff.pipelines.sampling import block_noise, sample, warmup_requests
@@ -181,7 +180,7 @@ class TinyCausalDiT:
         self.device, self.dtype = torch.device("cpu"), torch.float32
         self._decoder_state: dict[str, torch.Tensor] = {}   # model-owned, per session
         self._prompts: dict[tuple[str, str], str] = {}      # (session, branch) -> cached prompt
-        self.parallel: ParallelContext | None = None          # CFG-parallel: this rank's branch
+        self.parallel: ardiff.ParallelContext | None = None          # CFG-parallel: this rank's branch
 
     # -- contract ------------------------------------------------------------------
     def ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
@@ -208,7 +207,7 @@ class TinyCausalDiT:
         self.model = model.to(self.device, dtype).eval()
         self.decoder = decoder.to(self.device, dtype).eval()
 
-    def bind_ar_diffusion_parallel(self, context: ParallelContext) -> None:
+    def bind_ar_diffusion_parallel(self, context: ardiff.ParallelContext) -> None:
         """Run only `context.branch` of the CFG pair; the other rank runs the other one."""
         self.parallel = context
 
@@ -249,7 +248,7 @@ class TinyCausalDiT:
     def _branch_specs(self) -> tuple[ardiff.ARDiffusionKVBranchSpec, ...]:
         if not self.config.cfg:
             return (ardiff.ARDiffusionKVBranchSpec("main", 0),)
-        return cfg_branch_specs(1 if self.parallel is None else self.parallel.world_size)
+        return ardiff.cfg_branch_specs(1 if self.parallel is None else self.parallel.world_size)
 
     def _is_split(self) -> bool:
         return self.parallel is not None and self.parallel.world_size > 1
