@@ -180,7 +180,7 @@ class TinyCausalDiT:
         self.device, self.dtype = torch.device("cpu"), torch.float32
         self._decoder_state: dict[str, torch.Tensor] = {}   # model-owned, per session
         self._prompts: dict[tuple[str, str], str] = {}      # (session, branch) -> cached prompt
-        self.parallel: ardiff.ParallelContext | None = None          # CFG-parallel: this rank's branch
+        self.parallel: ardiff.ParallelContext | None = None  # CFG-parallel: this rank's branch
 
     # -- contract ------------------------------------------------------------------
     def ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
