@@ -91,7 +91,13 @@ class SpecReport:
         return history_frames_per_branch(self.effective) + self.effective.frames_per_block
 
     def to_dict(self) -> dict[str, Any]:
+        """The `inspect-spec --json` object; `parallel` only when runtime.parallel asks for
+        several ranks (then `memory` is one rank's plan)."""
         eff = self.effective
+        parallel = {"parallel": {"workers": self.workers, "cfg": self.cfg,
+                                 "ranks": self.num_ranks,
+                                 "per_rank_bytes": self.plan.total_bytes,
+                                 "total_bytes": self.num_ranks * self.plan.total_bytes}}
         return {
             "spec": spec_to_dict(self.declared),
             "effective": {
@@ -102,9 +108,7 @@ class SpecReport:
                 "dtype": self.plan.dtype,
             },
             "memory": self.plan.to_dict(),
-            "parallel": {"workers": self.workers, "cfg": self.cfg, "ranks": self.num_ranks,
-                         "per_rank_bytes": self.plan.total_bytes,
-                         "total_bytes": self.num_ranks * self.plan.total_bytes},
+            **(parallel if self.num_ranks > 1 else {}),
         }
 
 

@@ -132,9 +132,14 @@ def _rank_record(result: dict[str, Any], streams: list[int]) -> dict[str, Any]:
             "timing": {"wall_s": result.get("wall_s"), "warmup_s": timing.get("warmup_s"),
                        "rollout_s": timing.get("rollout_s"), "blocks": timing.get("blocks"),
                        "frames_per_s": timing.get("frames_per_s")},
-            "frames_written": report.get("frames", {}).get("written", 0),
+            "writes": result["writes"],  # a CFG group's second rank makes, not writes
+            "frames_written": _written(result),
             "kv": report.get("kv", {}), "sessions": report.get("sessions", {}),
             "memory": report.get("memory", {})}
+
+
+def _written(result: dict[str, Any]) -> int:
+    return result["report"].get("frames", {}).get("written", 0) if result["writes"] else 0
 
 
 def _max(values) -> float | None:

@@ -46,7 +46,8 @@ def spawned_rank_main(job: RankJob, conn: Any) -> None:
     """The target of a spawned rank process: run the share, send its result, leave."""
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_SETMASK, set())  # the parent blocked them to start us
+    # The parent blocked them while starting us (a spawned interpreter inherits the mask).
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGHUP})
     lock = threading.Lock()
 
     def send(message: tuple) -> None:
@@ -74,8 +75,8 @@ def _follow_parent(conn: Any, stop: RankStop) -> None:
 
 def run_rank(job: RankJob, stop: RankStop, on_event: Callable[[Any], None]) -> dict[str, Any]:
     """Join the groups and run this rank's share of the rollout (the caller leaves the
-    groups); return its result (plain data). Errors before the rollout starts (loading, capacity) become a failed
-    result too: the parent decides what the job reports."""
+    groups); return its result (plain data). Errors before the rollout starts (loading,
+    capacity) become a failed result too: the parent decides what the job reports."""
     import torch
 
     from ardiff.rollout.job import JobShare, run_rollout

@@ -2,7 +2,8 @@
 
 Each scenario is one module-scoped run (a rank costs seconds of torch import) that many
 tests read: data-parallel against one process, CFG-parallel against one process, a
-fault on rank 1, a stuck rank, Ctrl-C, and torchrun's ranks against spawned ones.
+fault on rank 1, a stuck rank (their parents run in this process, through the library),
+Ctrl-C and torchrun's ranks against spawned ones (through the installed command).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 
 from ardiff.config.run import load_config
+from ardiff.engine.build import inspect_spec
 from ardiff.rollout.job import run_rollout
 from ardiff.rollout.report import STATS_SCHEMA
 
@@ -47,6 +49,14 @@ def write_config(folder: Path, *, cfg: bool = False, parallel: dict | None = Non
     path = folder / "run.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML
     return path
+
+
+def run_job(config: Path, *overrides: str) -> int:
+    """`ardiff rollout CONFIG --json stats.json` with the parent in this process (the ranks
+    are spawned): the exit code; the stats are beside the config."""
+    report = run_rollout(load_config(config, list(overrides)))
+    (config.parent / "stats.json").write_text(json.dumps(report.to_dict()))
+    return report.exit_code
 
 
 def one_process(config: Path) -> list[np.ndarray]:
@@ -86,19 +96,13 @@ def data_parallel(tmp_path_factory):
     folder = tmp_path_factory.mktemp("dp")
     single = one_process(write_config(folder / "one"))
     config = write_config(folder / "two")
-    result = run_cli("rollout", config, "--workers", "2", "--json", config.parent / "stats.json",
-                     "--set", "runtime.parallel.threads=1", "-q")
-    return folder, single, config, result
-
-
-def run_cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "ardiff"), *map(str, args)], capture_output=True,
-                          text=True, timeout=180)
+    code = run_job(config, "runtime.parallel.workers=2", "runtime.parallel.threads=1")
+    return folder, single, config, code
 
 
 def test_two_workers_make_the_same_four_videos_in_stream_order(data_parallel):
-    folder, single, config, result = data_parallel
-    assert result.returncode == 0, result.stderr
+    folder, single, config, code = data_parallel
+    assert code == 0
     data = stats(config.parent)
     assert [Path(o["path"]).name for o in data["outputs"]] == [f"v-{i}.npy" for i in range(4)]
     assert [o["prompt"] for o in data["outputs"]] == PROMPTS
@@ -135,16 +139,15 @@ def cfg_parallel(tmp_path_factory):
     single_config = write_config(folder / "one", cfg=True, frames=15)
     single = one_process(single_config)
     config = write_config(folder / "two", cfg=True, frames=15)
-    result = run_cli("rollout", config, "--cfg-parallel", "2", "--json",
-                     config.parent / "stats.json", "-q")
-    spec = run_cli("inspect-spec", config, "--cfg-parallel", "2", "--json")
-    single_spec = run_cli("inspect-spec", single_config, "--json")
-    return single, config, result, json.loads(spec.stdout), json.loads(single_spec.stdout)
+    code = run_job(config, "runtime.parallel.cfg=2")
+    spec = inspect_spec(load_config(config, ["runtime.parallel.cfg=2"])).to_dict()
+    single_spec = inspect_spec(load_config(single_config)).to_dict()
+    return single, config, code, spec, single_spec
 
 
 def test_cfg_parallel_frames_equal_one_process(cfg_parallel):
-    single, config, result, *_ = cfg_parallel
-    assert result.returncode == 0, result.stderr
+    single, config, code, *_ = cfg_parallel
+    assert code == 0
     assert np.array_equal(np.load(config.parent / "v.npy"), single[0])
 
 
@@ -170,24 +173,22 @@ def rank_fault(tmp_path_factory):
     config = write_config(folder, cfg=True, frames=30, parallel={"cfg": 2},
                           entry=f"{SUPPORT / 'rank_pipelines.py'}:RankFaultDiT", fault="raise",
                           on_rank=1, at_block=3)
-    start = time.monotonic()
-    result = run_cli("rollout", config, "--json", folder / "stats.json", "-q")
-    return folder, result, time.monotonic() - start
+    return folder, run_job(config)
 
 
 def test_a_fault_on_rank_1_fails_the_job_and_names_the_rank(rank_fault):
-    folder, result, _ = rank_fault
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        "error: rank 1: session 'stream-0' block 3: generate_block raised RankFault")
+    folder, code = rank_fault
+    assert code == 1
     data = stats(folder)
+    assert data["error"].startswith(
+        "rank 1: session 'stream-0' block 3: generate_block raised RankFault")
     assert data["status"] == "failed" and data["exit_code"] == 1
     assert [r["status"] for r in data["ranks"]] == ["failed", "failed"]
     assert "a peer of its CFG group left" in data["ranks"][0]["error"]
 
 
 def test_a_failed_job_keeps_every_finished_frame_and_every_page(rank_fault):
-    folder, _, _ = rank_fault
+    folder, _ = rank_fault
     assert np.load(folder / "v.npy").shape[0] == 9   # blocks 0, 1, 2 of 3 frames
     assert_clean_end(stats(folder))
 
@@ -198,13 +199,12 @@ def stuck_rank(tmp_path_factory):
     config = write_config(folder, parallel={"workers": 2, "timeout_s": 3.0},
                           entry=f"{SUPPORT / 'rank_pipelines.py'}:RankFaultDiT", fault="hang",
                           on_rank=1, at_block=1)
-    result = run_cli("rollout", config, "--json", folder / "stats.json", "-q")
-    return folder, result
+    return folder, run_job(config)
 
 
 def test_a_stuck_rank_fails_at_timeout_s_and_is_ended(stuck_rank):
-    folder, result = stuck_rank
-    assert result.returncode == 1
+    folder, code = stuck_rank
+    assert code == 1
     data = stats(folder)
     assert data["error"].startswith("rank 1: no progress for 3 s (runtime.parallel.timeout_s)")
     assert data["ranks"][0]["status"] == "ok"            # rank 0 finished its streams
