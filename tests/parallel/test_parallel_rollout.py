@@ -196,7 +196,7 @@ def test_a_failed_job_keeps_every_finished_frame_and_every_page(rank_fault):
 @pytest.fixture(scope="module")
 def stuck_rank(tmp_path_factory):
     folder = tmp_path_factory.mktemp("stuck")
-    config = write_config(folder, parallel={"workers": 2, "timeout_s": 3.0},
+    config = write_config(folder, parallel={"workers": 2, "timeout_s": 2.0},
                           entry=f"{SUPPORT / 'rank_pipelines.py'}:RankFaultDiT", fault="hang",
                           on_rank=1, at_block=1)
     return folder, run_job(config)
@@ -206,7 +206,7 @@ def test_a_stuck_rank_fails_at_timeout_s_and_is_ended(stuck_rank):
     folder, code = stuck_rank
     assert code == 1
     data = stats(folder)
-    assert data["error"].startswith("rank 1: no progress for 3 s (runtime.parallel.timeout_s)")
+    assert data["error"].startswith("rank 1: no progress for 2 s (runtime.parallel.timeout_s)")
     assert data["ranks"][0]["status"] == "ok"            # rank 0 finished its streams
     assert [Path(o["path"]).name for o in data["outputs"]] == ["v-0.npy", "v-2.npy"]
     assert not is_alive(data["ranks"][0]["pid"])
