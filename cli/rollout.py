@@ -85,6 +85,8 @@ def _finish(report, json_path: Optional[str], quiet: bool, debug: bool) -> None:
     """Print and write what the run left; exit with its code (1 if only the stats failed).
     A torchrun rank other than 0 writes nothing: rank 0 reports the job."""
     if not report.is_primary:
+        if report.status != "ok":
+            print(f"error: {' '.join((report.error or report.status).split())}", file=sys.stderr)
         raise typer.Exit(report.exit_code)
     json_error = _emit(report, json_path, quiet)
     if report.status != "ok":

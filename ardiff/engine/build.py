@@ -37,6 +37,7 @@ class ResolvedPipeline:
     pipeline: Any
     declared: ARDiffusionKVCacheSpec
     spec: ARDiffusionKVCacheSpec  # runtime overrides applied
+    context: Any = None           # CFG-parallel: the rank's context (group None: a dry one)
 
     def plan(self, free_bytes: int, stores_registers: bool = True) -> KVPlan:
         """The plan for the effective spec under the config's budget, given the free memory."""
@@ -58,12 +59,12 @@ def resolve(config: RunConfig, pipeline: Any | None = None,
     if pipeline is None:
         pipeline = build_pipeline(config.pipeline, config.base_dir)
     cfg = config.runtime.parallel.cfg
-    bind_parallel(pipeline, cfg, parallel)
+    parallel = bind_parallel(pipeline, cfg, parallel)
     declared = get_spec(pipeline)
     check_cfg_spec(declared, cfg, config.rollout.guidance_scale)
     kv = config.runtime.kv
     spec = apply_overrides(declared, window_frames=kv.window_frames, sink_frames=kv.sink_frames)
-    return ResolvedPipeline(config, pipeline, declared, spec)
+    return ResolvedPipeline(config, pipeline, declared, spec, parallel)
 
 
 # -- the first half: what `inspect-spec` reports ----------------------------------------------
@@ -155,6 +156,7 @@ def build_runner(config: RunConfig, resolved: ResolvedPipeline | None = None,
     from ardiff.engine.runner import Runner  # torch is imported only when a runner is built
 
     resolved = resolved or resolve(config)
+    _check_ranks(resolved)
     device = resolve_device(config.runtime.device)
     if load_weights:
         _load(resolved.pipeline, device, config.runtime.dtype)
@@ -166,6 +168,15 @@ def build_runner(config: RunConfig, resolved: ResolvedPipeline | None = None,
     if agree_min is not None:
         plan = dataclasses.replace(plan, session_capacity=agree_min(plan.session_capacity))
     return Runner(resolved.pipeline, _allocate(plan, backend, device, kv.poison), device)
+
+
+def _check_ranks(resolved: ResolvedPipeline) -> None:
+    """A CFG-parallel pipeline runs one branch: only inside a rank, whose peer has the other."""
+    context = resolved.context
+    if context is not None and context.group is None:
+        raise ConfigError(f"runtime.parallel.cfg: {context.world_size} runs one CFG branch per "
+                          f"rank, and this command runs one process; use `ardiff rollout` "
+                          f"(it starts the ranks) or set runtime.parallel.cfg: 1")
 
 
 def check_budget_fits(budget: MemoryBudget, free_bytes: int, device: str) -> None:

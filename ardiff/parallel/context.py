@@ -71,17 +71,21 @@ class ParallelContext:
         return gathered
 
 
-def bind_parallel(pipeline: Any, cfg: int, context: ParallelContext | None = None) -> None:
+def bind_parallel(pipeline: Any, cfg: int,
+                  context: ParallelContext | None = None) -> ParallelContext | None:
     """Give a pipeline its CFG-parallel context (a dry-run one for rank 0 when None), before
-    its spec is read; refuse a pipeline that cannot run one branch per rank (exit 2)."""
+    its spec is read, and return it; refuse a pipeline that cannot run one branch per rank
+    (exit 2). cfg 1: nothing to bind (None)."""
     if cfg == 1:
-        return
+        return None
     hook = getattr(pipeline, "bind_ar_diffusion_parallel", None)
     if not callable(hook):
         raise ConfigError(f"runtime.parallel.cfg: {cfg} needs a pipeline that runs one CFG "
                           f"branch per rank (bind_ar_diffusion_parallel); "
                           f"{type(pipeline).__name__} has none; set runtime.parallel.cfg: 1")
-    hook(context or ParallelContext(rank=0, world_size=cfg))
+    context = context or ParallelContext(rank=0, world_size=cfg)
+    hook(context)
+    return context
 
 
 def check_cfg_spec(spec: ARDiffusionKVCacheSpec, cfg: int, guidance_scale: float) -> None:

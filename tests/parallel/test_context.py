@@ -66,3 +66,16 @@ def test_the_cause_of_a_failed_job_is_not_a_peers_reaction():
     assert outcome.cause.rank == 1
     assert JobOutcome(failures=[Failure(0, "peer left", peer_lost=True)]).cause.rank == 0
     assert JobOutcome().cause is None
+
+
+def test_a_single_process_command_refuses_cfg_parallel():
+    from ardiff.engine.build import build_runner
+
+    config = build_config({"pipeline": {"entry": "ardiff.pipelines.tiny_dit:TinyCausalDiT",
+                                        "args": {"cfg": True}},
+                           "runtime": {"memory_budget": "32MiB", "parallel": {"cfg": 2}},
+                           "rollout": {"guidance_scale": 3.0}})
+    with pytest.raises(ConfigError, match=r"^runtime\.parallel\.cfg: 2 runs one CFG branch per "
+                                          r"rank, and this command runs one process; use "
+                                          r"`ardiff rollout`"):
+        build_runner(config)
