@@ -6,7 +6,10 @@
 A spawned rank ignores SIGINT and SIGHUP: a terminal's Ctrl-C reaches every process of
 its group, and the parent alone decides (it asks every rank to stop after its block in
 flight). A closed pipe (the parent died) stops the rank the same way, so no rank
-outlives its parent. `run_rank` is also what a torchrun rank runs (launcher: env),
+outlives its parent. SIGTERM is what the parent sends a stuck rank: it raises
+KeyboardInterrupt where the rank is stuck (a sleep, a Python loop), so the rank still
+finalises its files with every finished frame and gives its pages back before the
+parent's SIGKILL. `run_rank` is also what a torchrun rank runs (launcher: env),
 without a pipe.
 """
 
@@ -46,6 +49,7 @@ def spawned_rank_main(job: RankJob, conn: Any) -> None:
     """The target of a spawned rank process: run the share, send its result, leave."""
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _interrupt)
     # The parent blocked them while starting us (a spawned interpreter inherits the mask).
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGHUP})
     lock = threading.Lock()
@@ -62,6 +66,11 @@ def spawned_rank_main(job: RankJob, conn: Any) -> None:
     finally:
         leave_groups()  # after the result: a peer blocked on this rank raises now
         conn.close()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    signal.signal(signum, signal.SIG_DFL)  # once: a second SIGTERM ends the process
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def _follow_parent(conn: Any, stop: RankStop) -> None:

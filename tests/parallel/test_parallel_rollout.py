@@ -209,7 +209,9 @@ def test_a_stuck_rank_fails_at_timeout_s_and_is_ended(stuck_rank):
     assert data["error"].startswith("rank 1: no progress for 2 s (runtime.parallel.timeout_s)")
     assert data["ranks"][0]["status"] == "ok"            # rank 0 finished its streams
     assert [Path(o["path"]).name for o in data["outputs"]] == ["v-0.npy", "v-2.npy"]
-    assert not is_alive(data["ranks"][0]["pid"])
+    assert np.load(folder / "v-1.npy").shape[0] == 3      # rank 1's block 0, finalised
+    assert not list(folder.glob(".*partial*"))            # no work file left behind
+    assert_clean_end(data)
 
 
 # -- Ctrl-C -------------------------------------------------------------------------------
