@@ -79,3 +79,28 @@ def test_a_single_process_command_refuses_cfg_parallel():
                                           r"rank, and this command runs one process; use "
                                           r"`ardiff rollout`"):
         build_runner(config)
+
+
+class FakeGroups:
+    """Stands in for ardiff.parallel.group.Groups: the CFG peer's vote is given."""
+
+    cfg = "cfg-group"
+
+    def __init__(self, peer_wants_to_stop: bool) -> None:
+        self.peer, self.calls = int(peer_wants_to_stop), []
+
+    def reduce(self, value: int, op: str, group: object) -> int:
+        self.calls.append((value, op, group))
+        return max(value, self.peer)
+
+
+def test_the_ranks_of_a_cfg_group_agree_to_stop_at_the_same_block():
+    quiet, wanting = RankStop(), RankStop()
+    quiet.groups, wanting.groups = FakeGroups(True), FakeGroups(False)
+    wanting.request("SIGINT")
+    assert quiet.poll() == "a stop of its CFG peer"   # its peer asked: it stops too
+    assert wanting.poll() == "SIGINT"
+    assert quiet.groups.calls == [(0, "MAX", "cfg-group")]
+    alone = RankStop()
+    alone.groups = FakeGroups(False)
+    assert alone.poll() is None
