@@ -14,6 +14,7 @@ from ardiff.contract import (ARDiffusionCrossAttentionKVSpec, ARDiffusionKVBlock
 from ardiff.errors import (ArdiffError, BlockOutputError, CapacityError, ConfigError,
                            EncoderError, KVStateError, OutputPathError, PipelineError,
                            PipelineLoadError, RunError, SessionError, SpecError, WarmupError)
+from ardiff.parallel.context import ParallelContext, PeerLostError, cfg_branch_specs
 
 __version__ = "0.1.0"
 
@@ -45,5 +46,6 @@ __all__ = [
     "ArdiffError", "ConfigError", "SpecError", "PipelineLoadError", "OutputPathError",
     "CapacityError", "RunError", "KVStateError", "SessionError", "BlockOutputError",
     "PipelineError", "WarmupError", "EncoderError",
+    "ParallelContext", "PeerLostError", "cfg_branch_specs",
     *_LAZY,
 ]

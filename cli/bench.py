@@ -53,6 +53,8 @@ def bench_command(
                                      help="Rollout lengths for the pages/RSS sweep, e.g. 100,1000."),
     no_encode: bool = typer.Option(False, "--no-encode", help="Skip the encode-overhead runs "
                                    "(at least 32 blocks per arm: long on big geometries)."),
+    workers: int = typer.Option(None, "--workers", min=2, metavar="N",
+                                help="Instead: the job on 1 worker against N (ardiff.parallel)."),
     overrides: options.OverrideList = options.SetOpt,
     json_path: str = typer.Option(None, "--json", metavar="PATH",
                                   help="Write the numbers as JSON to PATH ('-': stdout)."),
@@ -76,6 +78,10 @@ def bench_command(
             from ardiff.config.run import load_config
 
             run_config = load_config(config, list(overrides or []))
+            if workers is not None:
+                from ardiff_cli import speedup
+
+                return speedup.run(run_config, workers, repeats, json_path)
             say = lambda msg: print(f"bench: {msg}", file=sys.stderr)  # noqa: E731
             report = run_bench(run_config, blocks, repeats, sweep, encode=not no_encode,
                                on_progress=say)

@@ -15,6 +15,8 @@ def inspect_spec_command(
     dtype: str = options.DtypeOpt,
     page_tokens: int = options.PageTokensOpt,
     device: str = options.DeviceOpt,
+    workers: int = options.WorkersOpt,
+    cfg_parallel: int = options.CfgParallelOpt,
     overrides: options.OverrideList = options.SetOpt,
     as_json: bool = options.JsonOpt,
     debug: bool = options.DebugOpt,
@@ -26,7 +28,8 @@ def inspect_spec_command(
         with handle_errors(debug):
             report = inspect_spec(options.load_run_config(config, overrides, {
                 "runtime.memory_budget": budget, "runtime.dtype": dtype,
-                "runtime.kv.page_tokens": page_tokens, "runtime.device": device}))
+                "runtime.kv.page_tokens": page_tokens, "runtime.device": device,
+                "runtime.parallel.workers": workers, "runtime.parallel.cfg": cfg_parallel}))
         stop_signals.hold()  # the report is written whatever comes now
         if as_json:
             print(json.dumps(report.to_dict(), indent=2))

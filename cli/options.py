@@ -27,6 +27,10 @@ BudgetOpt = typer.Option(None, "--budget", metavar="SIZE",
 DtypeOpt = typer.Option(None, "--dtype", help="KV and model dtype: float32, bfloat16, float16.")
 PageTokensOpt = typer.Option(None, "--page-tokens", help="Tokens per KV page (default: one frame).")
 DeviceOpt = typer.Option(None, "--device", help="cpu, cuda, cuda:N or auto.")
+WorkersOpt = typer.Option(None, "--workers", metavar="N",
+                          help="Data-parallel replicas (processes): prompt i runs on i % N.")
+CfgParallelOpt = typer.Option(None, "--cfg-parallel", metavar="2",
+                              help="2: run the two CFG branches on two ranks (1: off).")
 
 OptionalPath = Optional[Path]
 OverrideList = Optional[List[str]]

@@ -68,6 +68,11 @@ def _memory_table(report: SpecReport) -> Table:
         ("pages allocated", str(plan.total_pages)),
         ("bytes allocated", format_bytes(plan.total_bytes)),
     ]
+    if report.num_ranks > 1:  # runtime.parallel: the plan above is one rank's
+        rows += [("ranks (workers x cfg)", f"{report.num_ranks} ({report.workers} x "
+                                           f"{report.cfg})"),
+                 ("bytes allocated, all ranks", format_bytes(report.num_ranks
+                                                             * plan.total_bytes))]
     for name, value in rows:
         memory.add_row(name, value)
     return memory

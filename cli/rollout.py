@@ -41,6 +41,8 @@ def rollout_command(
     device: str = options.DeviceOpt,
     dtype: str = options.DtypeOpt,
     budget: str = options.BudgetOpt,
+    workers: int = options.WorkersOpt,
+    cfg_parallel: int = options.CfgParallelOpt,
     overrides: options.OverrideList = options.SetOpt,
     json_path: str = typer.Option(None, "--json", metavar="PATH",
                                   help="Write the stats as JSON to PATH ('-': stdout)."),
@@ -69,7 +71,8 @@ def rollout_command(
                 "rollout.prompt": prompt, "rollout.prompts": _absolute(prompts),
                 "rollout.actions": _absolute(actions), "output.fps": fps,
                 "runtime.device": device, "runtime.dtype": dtype,
-                "runtime.memory_budget": budget})
+                "runtime.memory_budget": budget, "runtime.parallel.workers": workers,
+                "runtime.parallel.cfg": cfg_parallel})
             _check_json_path(json_path, config, run_config)
             drawing = picture.RunPicture(report_path, "--report")
             stop = RolloutStop()
@@ -88,7 +91,11 @@ def rollout_command(
 def _finish(report, json_path: Optional[str], quiet: bool, debug: bool,
             picture_error: Optional[str] = None) -> None:
     """Print and write what the run left; exit with its code (1 if only the stats or the
-    picture failed)."""
+    picture failed). A torchrun rank other than 0 writes nothing: rank 0 reports the job."""
+    if not report.is_primary:
+        if report.status != "ok":
+            print(f"error: {' '.join((report.error or report.status).split())}", file=sys.stderr)
+        raise typer.Exit(report.exit_code)
     json_error = _emit(report, json_path, quiet) or picture_error
     if report.status != "ok":
         if json_error:

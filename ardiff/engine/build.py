@@ -14,8 +14,9 @@ computed once, one way.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ardiff.config.run import RunConfig
 from ardiff.contract.spec import (ARDiffusionKVCacheSpec, apply_overrides,
@@ -36,6 +37,7 @@ class ResolvedPipeline:
     pipeline: Any
     declared: ARDiffusionKVCacheSpec
     spec: ARDiffusionKVCacheSpec  # runtime overrides applied
+    context: Any = None           # CFG-parallel: the rank's context (group None: a dry one)
 
     def plan(self, free_bytes: int, stores_registers: bool = True) -> KVPlan:
         """The plan for the effective spec under the config's budget, given the free memory."""
@@ -46,14 +48,23 @@ class ResolvedPipeline:
                          stores_registers=stores_registers)
 
 
-def resolve(config: RunConfig, pipeline: Any | None = None) -> ResolvedPipeline:
-    """Build the config's pipeline (or take `pipeline`), validate its spec, apply overrides."""
+def resolve(config: RunConfig, pipeline: Any | None = None,
+            parallel: Any = None) -> ResolvedPipeline:
+    """Build the config's pipeline (or take `pipeline`), validate its spec, apply overrides.
+
+    Under `runtime.parallel.cfg: 2` the pipeline gets its CFG-parallel context first
+    (`parallel`, or a dry one for rank 0), so its spec is the one a rank runs."""
+    from ardiff.parallel.context import bind_parallel, check_cfg_spec
+
     if pipeline is None:
         pipeline = build_pipeline(config.pipeline, config.base_dir)
+    cfg = config.runtime.parallel.cfg
+    parallel = bind_parallel(pipeline, cfg, parallel)
     declared = get_spec(pipeline)
+    check_cfg_spec(declared, cfg, config.rollout.guidance_scale)
     kv = config.runtime.kv
     spec = apply_overrides(declared, window_frames=kv.window_frames, sink_frames=kv.sink_frames)
-    return ResolvedPipeline(config, pipeline, declared, spec)
+    return ResolvedPipeline(config, pipeline, declared, spec, parallel)
 
 
 # -- the first half: what `inspect-spec` reports ----------------------------------------------
@@ -63,7 +74,13 @@ class SpecReport:
     """The declared spec, the effective one (overrides applied) and its plan."""
 
     declared: ARDiffusionKVCacheSpec
-    plan: KVPlan
+    plan: KVPlan              # one rank's, in a parallel job
+    workers: int = 1          # runtime.parallel: data-parallel replicas...
+    cfg: int = 1              # ... of this many ranks each
+
+    @property
+    def num_ranks(self) -> int:
+        return self.workers * self.cfg
 
     @property
     def effective(self) -> ARDiffusionKVCacheSpec:
@@ -75,7 +92,13 @@ class SpecReport:
         return history_frames_per_branch(self.effective) + self.effective.frames_per_block
 
     def to_dict(self) -> dict[str, Any]:
+        """The `inspect-spec --json` object; `parallel` only when runtime.parallel asks for
+        several ranks (then `memory` is one rank's plan)."""
         eff = self.effective
+        parallel = {"parallel": {"workers": self.workers, "cfg": self.cfg,
+                                 "ranks": self.num_ranks,
+                                 "per_rank_bytes": self.plan.total_bytes,
+                                 "total_bytes": self.num_ranks * self.plan.total_bytes}}
         return {
             "spec": spec_to_dict(self.declared),
             "effective": {
@@ -86,13 +109,23 @@ class SpecReport:
                 "dtype": self.plan.dtype,
             },
             "memory": self.plan.to_dict(),
+            **(parallel if self.num_ranks > 1 else {}),
         }
 
 
 def inspect_spec(config: RunConfig) -> SpecReport:
     """Build the pipeline (no `load`), validate its spec and plan it; allocate nothing."""
+    from ardiff.parallel.topology import rank_budget
+
+    parallel = config.runtime.parallel
     resolved = resolve(config)
-    return SpecReport(resolved.declared, resolved.plan(_free_bytes_for_dry_run(config)))
+    runtime = config.runtime
+    share = rank_budget(runtime.memory_budget, runtime.device, parallel.world_size)
+    if share != runtime.memory_budget:  # ranks on one host share its memory
+        resolved = dataclasses.replace(resolved, config=dataclasses.replace(
+            config, runtime=dataclasses.replace(runtime, memory_budget=share)))
+    return SpecReport(resolved.declared, resolved.plan(_free_bytes_for_dry_run(config)),
+                      parallel.workers, parallel.cfg)
 
 
 def _free_bytes_for_dry_run(config: RunConfig) -> int:
@@ -112,15 +145,18 @@ def _free_bytes_for_dry_run(config: RunConfig) -> int:
 # -- the second half: load, measure, plan, allocate -------------------------------------------
 
 def build_runner(config: RunConfig, resolved: ResolvedPipeline | None = None,
-                 load_weights: bool = True, backend: str | None = None):
+                 load_weights: bool = True, backend: str | None = None,
+                 agree_min: Callable[[int], int] | None = None):
     """A ready `Runner` for the config: load the pipeline, then plan and allocate its cache.
 
     `resolved` reuses a pipeline already built by `resolve`; `load_weights=False`
     skips the `load` hook (for a pipeline another runner loaded); `backend`
-    overrides `runtime.kv.backend` (bench runs both)."""
+    overrides `runtime.kv.backend` (bench runs both); `agree_min` makes the session
+    capacity the minimum over a parallel job's ranks (so their LRU decisions match)."""
     from ardiff.engine.runner import Runner  # torch is imported only when a runner is built
 
     resolved = resolved or resolve(config)
+    _check_ranks(resolved)
     device = resolve_device(config.runtime.device)
     if load_weights:
         _load(resolved.pipeline, device, config.runtime.dtype)
@@ -129,7 +165,18 @@ def build_runner(config: RunConfig, resolved: ResolvedPipeline | None = None,
     free_bytes = free_memory_bytes(device)
     check_budget_fits(config.runtime.memory_budget, free_bytes, device)
     plan = resolved.plan(free_bytes, stores_registers=backend == "paged")
+    if agree_min is not None:
+        plan = dataclasses.replace(plan, session_capacity=agree_min(plan.session_capacity))
     return Runner(resolved.pipeline, _allocate(plan, backend, device, kv.poison), device)
+
+
+def _check_ranks(resolved: ResolvedPipeline) -> None:
+    """A CFG-parallel pipeline runs one branch: only inside a rank, whose peer has the other."""
+    context = resolved.context
+    if context is not None and context.group is None:
+        raise ConfigError(f"runtime.parallel.cfg: {context.world_size} runs one CFG branch per "
+                          f"rank, and this command runs one process; use `ardiff rollout` "
+                          f"(it starts the ranks) or set runtime.parallel.cfg: 1")
 
 
 def check_budget_fits(budget: MemoryBudget, free_bytes: int, device: str) -> None:

@@ -7,7 +7,9 @@ allocates it (DESIGN §4). With S sink frames, window W and block B frames:
     history_pages  = local_branches * (S + max(0, W - B)) * pages_per_frame     per session
     inflight_pages = local_branches * B * pages_per_frame                        shared
     register_pages = local_branches * ceil(max_scratch_tokens / page_tokens)     shared
-    cross_bytes    = sum 2 * logical_branches * L * heads * head_size * dtype_bytes * layers
+    cross_bytes    = sum 2 * local_branches * L * heads * head_size * dtype_bytes * layers
+    (local_branches: the branches this worker runs, one per local_index; under CFG-parallel
+    both CFG branches share local_index 0 and each rank counts only its own)
     required(c)    = page_bytes * (c * history_pages + inflight_pages + register_pages)
                      + c * (cross_bytes + model_owned_state_bytes_per_session)
 
@@ -78,7 +80,7 @@ class KVPlan:
     @property
     def cross_attention_bytes_per_session(self) -> int:
         s = self.spec
-        per_token = 2 * len(s.kv_branches) * s.num_kv_heads * s.head_size * s.num_layers
+        per_token = 2 * s.num_local_kv_branches * s.num_kv_heads * s.head_size * s.num_layers
         return sum(c.num_tokens for c in s.cross_attention) * per_token * self.dtype_bytes
 
     @property

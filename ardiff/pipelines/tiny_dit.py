@@ -7,7 +7,9 @@
     sampler:  num_steps flow-matching steps predicting the clean block, each a probe block, then one commit
               forward over the clean block (t = 0) whose K/V become history
     CFG:      guidance_scale > 1 runs `positive` and `negative` branches (declared when
-              cfg=True) and mixes their predictions
+              cfg=True) and mixes their predictions; under CFG-parallel
+              (`runtime.parallel.cfg: 2`) each rank runs one branch and all-gathers the
+              other's prediction every step (ardiff.parallel.context)
     decoder:  latents -> RGB with the previous latent frame as per-session state
 
 Weights are a deterministic random initialisation from `weights_seed`: the
@@ -178,6 +180,7 @@ class TinyCausalDiT:
         self.device, self.dtype = torch.device("cpu"), torch.float32
         self._decoder_state: dict[str, torch.Tensor] = {}   # model-owned, per session
         self._prompts: dict[tuple[str, str], str] = {}      # (session, branch) -> cached prompt
+        self.parallel: ardiff.ParallelContext | None = None  # CFG-parallel: this rank's branch
 
     # -- contract ------------------------------------------------------------------
     def ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
@@ -188,8 +191,7 @@ class TinyCausalDiT:
             window_frames=c.window_frames, sink_frames=c.sink_frames,
             reset_at_boundary=c.reset_at_boundary, session_capacity=c.session_capacity,
             max_model_len=c.max_frames,
-            kv_branches=tuple(ardiff.ARDiffusionKVBranchSpec(name, i)
-                           for i, name in enumerate(c.branch_names)),
+            kv_branches=self._branch_specs(),
             cross_attention=(ardiff.ARDiffusionCrossAttentionKVSpec(TEXT_CACHE, c.text_tokens),),
             model_owned_state_bytes_per_session=LatentDecoder.state_bytes(c.latent_channels,
                                                                           c.latent_size),
@@ -204,6 +206,10 @@ class TinyCausalDiT:
         self.device, self.dtype = torch.device(device), dtype
         self.model = model.to(self.device, dtype).eval()
         self.decoder = decoder.to(self.device, dtype).eval()
+
+    def bind_ar_diffusion_parallel(self, context: ardiff.ParallelContext) -> None:
+        """Run only `context.branch` of the CFG pair; the other rank runs the other one."""
+        self.parallel = context
 
     def reset_ar_diffusion_session(self, session_id: str) -> None:
         self._forget(session_id)
@@ -239,12 +245,20 @@ class TinyCausalDiT:
         return ardiff.BlockOutput(frames=frames)
 
     # -- helpers -------------------------------------------------------------------
+    def _branch_specs(self) -> tuple[ardiff.ARDiffusionKVBranchSpec, ...]:
+        if not self.config.cfg:
+            return (ardiff.ARDiffusionKVBranchSpec("main", 0),)
+        return ardiff.cfg_branch_specs(1 if self.parallel is None else self.parallel.world_size)
+
+    def _is_split(self) -> bool:
+        return self.parallel is not None and self.parallel.world_size > 1
+
     def _branches(self, request: ardiff.RolloutRequest) -> tuple[str, ...]:
         if request.guidance_scale > 1.0 and not self.config.cfg:
             raise ardiff.ConfigError(f"rollout.guidance_scale: {request.guidance_scale} needs "
                                      f"the negative branch; set pipeline.args.cfg: true")
         if self.config.cfg and request.guidance_scale > 1.0:
-            return ("positive", "negative")
+            return (self.parallel.branch,) if self._is_split() else ("positive", "negative")
         return (self.config.branch_names[0],)
 
     def _text_kv(self, state, request: ardiff.RolloutRequest, branch: str):
@@ -260,6 +274,8 @@ class TinyCausalDiT:
         for branch in branches:  # probes: attend to history, commit nothing
             with state.block(branch, commit=False) as blk:
                 predictions.append(self.model(x, t, blk, cross[branch]))
+        if self._is_split() and request.guidance_scale > 1.0:
+            predictions = self.parallel.all_gather(predictions[0])  # [positive, negative]
         if len(predictions) == 1:
             return predictions[0]
         positive, negative = predictions

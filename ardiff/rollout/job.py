@@ -18,10 +18,15 @@ unfinished; a block in flight completes first. The job publishes where it is
 in `stop.phase`: while nothing is on disk (`loading`, `warmup`) a caller may
 instead raise KeyboardInterrupt to stop at once — the job reports that as an
 interrupt too, as it does a KeyboardInterrupt a pipeline raises.
+
+With `runtime.parallel` asking for more than one process (or `launcher: env`),
+`run_rollout` hands the job to `ardiff.parallel`, whose ranks each run their `JobShare`
+of it through this same function and whose parent merges their reports into one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import time
 from dataclasses import dataclass
@@ -60,6 +65,29 @@ class RolloutStop:
     def is_interruptible(self) -> bool:
         return self.phase in INTERRUPTIBLE_PHASES
 
+    def poll(self) -> str | None:
+        """The reason to stop, read at a safe point (a rank's stop agrees on it with its
+        peers here, so the ranks of a CFG group stop at the same block)."""
+        return self.reason
+
+
+@dataclass(frozen=True)
+class JobShare:
+    """The part of a job one process runs (`ardiff.parallel`): the streams `i` with
+    `i % workers == replica`; `writes`: whether it encodes them (one rank per CFG group);
+    `context`: the pipeline's CFG-parallel context; `agree_min`: the minimum of an integer
+    over the ranks (the session capacity, so every rank's LRU decides alike)."""
+
+    replica: int = 0
+    workers: int = 1
+    writes: bool = True
+    context: Any = None
+    agree_min: Callable[[int], int] | None = None
+
+    def select(self, plan: RolloutPlan) -> RolloutPlan:
+        streams = tuple(s for s in plan.streams if s.index % self.workers == self.replica)
+        return dataclasses.replace(plan, streams=streams)
+
 
 @dataclass(frozen=True)
 class ProgressEvent:
@@ -77,28 +105,27 @@ BlockSource = Callable[[Any, RolloutPlan], Iterator[BlockEvent]]  # (runner, pla
 
 
 def run_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], None] | None = None,
-                stop: RolloutStop | None = None,
+                stop: RolloutStop | None = None, share: JobShare | None = None,
                 blocks: BlockSource = iter_rollout) -> RolloutReport:
     """Run the rollout the config describes; return its report (status ok/failed/interrupted).
 
     `stop` is polled at safe points (see the module docstring); None: run to the end.
-    `blocks` drives the runner (default: the plan's blocks; `ardiff.rollout.live` steps
-    one block at a time with actions chosen as it goes).
-    Raises ardiff errors only before the rollout starts (bad input, capacity, loading).
+    `share`: this process's part of a parallel job (None: the whole job, in as many
+    processes as `runtime.parallel` asks for). `blocks` drives the runner (default: the
+    plan's blocks; `ardiff.rollout.live` steps one block at a time with actions chosen as
+    it goes). Raises ardiff errors only before the rollout starts (bad input, capacity,
+    loading).
     """
-    from ardiff.video.writer import check_output_path  # imports torch: only when a job runs
+    if share is None and needs_processes(config):
+        from ardiff.parallel.launch import run_parallel_rollout
 
+        return run_parallel_rollout(config, on_event, stop)
     emit = on_event or (lambda event: None)
     stop = stop or RolloutStop()
-    resolved = resolve(config)
-    spec = resolved.spec
-    per_block, first_block = _video_frames_per_block(resolved.pipeline, spec.frames_per_block)
-    plan = plan_rollout(config, spec, per_block, first_block)
-    check_rollout_paths(config, [stream.output_path for stream in plan.streams])
-    out = config.output
-    for stream in plan.streams:
-        check_output_path(stream.output_path, out.codec, out.crf, out.preset)
-    runner = build_runner(config, resolved)
+    share = share or JobShare()
+    resolved, plan = prepare_rollout(config, share.context)
+    plan = share.select(plan)
+    runner = build_runner(config, resolved, agree_min=share.agree_min)
     try:
         check_capacity(plan, runner.plan.session_capacity)
     except BaseException:
@@ -106,13 +133,36 @@ def run_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], None] | N
         raise
     report = _new_report(config, plan, runner)
     try:
-        _warm_up_and_run(runner, plan, config, report, emit, stop, blocks)
+        _warm_up_and_run(runner, plan, config, report, emit, stop, blocks, share.writes)
     finally:
         _close_runner(runner, report)
     _finish_report(report, runner)
     stop.phase = "done"
     emit(ProgressEvent("done", report.frames_written, report.frames_requested))
     return report
+
+
+def needs_processes(config: RunConfig) -> bool:
+    """Whether `runtime.parallel` asks for more than this one process (or torchrun's ranks)."""
+    parallel = config.runtime.parallel
+    return parallel.world_size > 1 or parallel.launcher == "env"
+
+
+def prepare_rollout(config: RunConfig, context: Any = None) -> tuple[Any, RolloutPlan]:
+    """Everything checked before any compute: the pipeline built (not loaded) and its spec,
+    the plan of every stream, the paths. `context`: a CFG-parallel rank's (None: a dry one).
+    Raises ConfigError / OutputPathError / SpecError."""
+    from ardiff.video.writer import check_output_path  # imports torch: only when a job runs
+
+    resolved = resolve(config, parallel=context)
+    spec = resolved.spec
+    per_block, first_block = _video_frames_per_block(resolved.pipeline, spec.frames_per_block)
+    plan = plan_rollout(config, spec, per_block, first_block)
+    check_rollout_paths(config, [stream.output_path for stream in plan.streams])
+    out = config.output
+    for stream in plan.streams:
+        check_output_path(stream.output_path, out.codec, out.crf, out.preset)
+    return resolved, plan
 
 
 def _video_frames_per_block(pipeline: Any, latent_frames: int) -> tuple[int, int]:
@@ -143,7 +193,7 @@ def _new_report(config: RunConfig, plan: RolloutPlan, runner: Any) -> RolloutRep
 
 def _warm_up_and_run(runner: Any, plan: RolloutPlan, config: RunConfig, report: RolloutReport,
                      emit: Callable[[ProgressEvent], None], stop: RolloutStop,
-                     blocks: BlockSource) -> None:
+                     blocks: BlockSource, writes: bool) -> None:
     """Warmup, then the rollout, each only if nothing stopped the job before it."""
     try:
         if config.warmup.enabled and not _stopped(report, stop):
@@ -151,7 +201,7 @@ def _warm_up_and_run(runner: Any, plan: RolloutPlan, config: RunConfig, report: 
             emit(ProgressEvent("warmup", 0, report.frames_requested))
             _warmup(runner, report)
         if report.status == "ok" and not _stopped(report, stop):
-            _run(runner, plan, config, report, emit, stop, blocks)
+            _run(runner, plan, config, report, emit, stop, blocks, writes)
     except BaseException as exc:  # noqa: BLE001 - e.g. Ctrl-C between the steps: still a report
         if report.status == "ok":
             _record_failure(report, exc)
@@ -173,16 +223,19 @@ def _warmup(runner: Any, report: RolloutReport) -> None:
 
 
 def _run(runner: Any, plan: RolloutPlan, config: RunConfig, report: RolloutReport,
-         emit: Callable[[ProgressEvent], None], stop: RolloutStop, blocks: BlockSource) -> None:
+         emit: Callable[[ProgressEvent], None], stop: RolloutStop, blocks: BlockSource,
+         writes: bool) -> None:
+    """The blocks, each handed to its stream's writer (`writes` False: counted, not written:
+    a CFG group's second rank makes the frames its first rank writes)."""
     stop.phase = "rollout"  # before the first file opens: from here a stop must be requested
     writers: dict[int, Any] = {}
     start = time.perf_counter()
     try:
         for event in blocks(runner, plan):
-            _write(event, writers, config, report)
+            _write(event, writers, config, report, writes)
             if report.time_to_first_frame_s is None:
                 report.time_to_first_frame_s = time.perf_counter() - start
-            if event.frames_written >= plan.frames:
+            if event.frames_written >= plan.frames and event.stream.index in writers:
                 _close_writer(writers.pop(event.stream.index), event.stream, report, stop)
             emit(ProgressEvent("rollout", report.frames_written, report.frames_requested, event,
                                runner.cache.stats().pages_in_use))
@@ -193,12 +246,16 @@ def _run(runner: Any, plan: RolloutPlan, config: RunConfig, report: RolloutRepor
     finally:
         report.rollout_s = time.perf_counter() - start
         stop.phase = "finalising"  # from here on, only finishing: the files, the runner, stats
+        streams = {stream.index: stream for stream in plan.streams}
         for index, writer in list(writers.items()):
-            _close_writer(writer, plan.streams[index], report, stop)
+            _close_writer(writer, streams[index], report, stop)
 
 
 def _write(event: BlockEvent, writers: dict[int, Any], config: RunConfig,
-           report: RolloutReport) -> None:
+           report: RolloutReport, writes: bool = True) -> None:
+    if not writes:
+        report.frames_written += int(event.frames.shape[0])
+        return
     writer = writers.get(event.stream.index)
     if writer is None:
         writer = writers[event.stream.index] = _open_writer(event, config)
@@ -208,9 +265,12 @@ def _write(event: BlockEvent, writers: dict[int, Any], config: RunConfig,
 
 def _stopped(report: RolloutReport, stop: RolloutStop) -> bool:
     """Poll `stop` at a safe point; a stop with frames still to make is an interrupted run."""
-    if stop.reason is None or report.frames_written >= report.frames_requested:
-        return False  # go on, or nothing is left to stop: the run is complete
-    _record_interrupt(report, stop.reason)
+    if report.frames_written >= report.frames_requested:
+        return False  # nothing is left to stop: the run is complete
+    reason = stop.poll()
+    if reason is None:
+        return False
+    _record_interrupt(report, reason)
     return True
 
 

@@ -67,6 +67,9 @@ class RolloutReport:
     peak_device_bytes: int | None = None
     outputs: list[OutputRecord] = field(default_factory=list)
     exception: BaseException | None = field(default=None, repr=False)  # for --debug; not in JSON
+    parallel: dict[str, Any] | None = None     # a parallel job (ardiff.parallel): its shape
+    ranks: list[dict[str, Any]] | None = None  # ... and one record per rank
+    is_primary: bool = True  # False on a torchrun rank other than 0: rank 0 reports the job
 
     @property
     def frames_per_s(self) -> float | None:
@@ -104,6 +107,8 @@ class RolloutReport:
             "memory": {"peak_rss_bytes": self.peak_rss_bytes,
                        "peak_device_bytes": self.peak_device_bytes},
             "outputs": [dict(o.__dict__) for o in self.outputs],
+            **({} if self.parallel is None else {"parallel": dict(self.parallel),
+                                                 "ranks": list(self.ranks or [])}),
         }
 
 
@@ -159,5 +164,23 @@ STATS_SCHEMA: dict[str, Any] = {
             "type": "object", "required": ["path", "codec", "frames", "bytes", "prompt"],
             "properties": {"path": {"type": "string"}, "codec": {"type": "string"},
                            "frames": _INT, "bytes": _INT, "prompt": {"type": "string"}}}},
+        # Only in a parallel job (runtime.parallel): its shape, and one record per rank.
+        "parallel": {"type": "object",
+                     "required": ["workers", "cfg", "world_size", "launcher", "backend"],
+                     "properties": {"workers": _INT, "cfg": {"enum": [1, 2]},
+                                    "world_size": _INT, "launcher": {"enum": ["spawn", "env"]},
+                                    "backend": {"enum": ["gloo", "nccl"]}}},
+        "ranks": {"type": "array", "items": {
+            "type": "object",
+            "required": ["rank", "replica", "cfg_rank", "streams", "pid", "device", "status",
+                         "error", "exit_code", "timing", "kv", "memory"],
+            "properties": {"rank": _INT, "replica": _INT, "cfg_rank": _INT,
+                           "streams": {"type": "array", "items": _INT},
+                           "pid": _INT_OR_NULL, "device": {"type": "string"},
+                           "status": {"enum": list(STATUSES)},
+                           "error": {"type": ["string", "null"]},
+                           "exit_code": {"enum": [0, 1, 2, 3, 130]},
+                           "timing": {"type": "object"}, "kv": {"type": "object"},
+                           "memory": {"type": "object"}}}},
     },
 }

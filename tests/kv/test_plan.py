@@ -133,13 +133,17 @@ def test_a_backend_that_stores_no_registers_plans_none():
     assert p.fixed_bytes == 4096
 
 
-def test_cross_attention_bytes_count_logical_branches():
+def test_cross_attention_bytes_count_the_branches_a_worker_runs():
     caches = (Cross("text", 10), Cross("image", 3))
     # 2 (K, V) * 13 tokens * 2 heads * 8 * 4 bytes * 2 layers = 3328 per logical branch
     assert plan(cross_attention=caches).cross_attention_bytes_per_session == 3328
     shared = plan(cross_attention=caches, kv_branches=CFG_SHARED)
-    assert shared.cross_attention_bytes_per_session == 6656    # 2 logical branches
-    assert shared.bytes_per_session == 4096 + 6656             # history is still one slot
+    # Branches sharing a slot run on different workers (CFG-parallel): one session here uses
+    # one of them, so its cross-attention K/V are counted once, like its history.
+    assert shared.cross_attention_bytes_per_session == 3328
+    assert shared.bytes_per_session == 4096 + 3328
+    both = plan(cross_attention=caches, kv_branches=CFG)
+    assert both.cross_attention_bytes_per_session == 6656      # 2 branches on this worker
     assert shared.fixed_bytes == 2048                          # cross K/V is per session
 
 

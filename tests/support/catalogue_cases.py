@@ -97,6 +97,22 @@ CASES = [
     Case("budget neither fraction nor bytes", 2, r"^runtime\.memory_budget: 1\.5 is neither a "
          r"fraction in \(0, 1\] nor a whole number of bytes", config={"runtime": {
              "memory_budget": 1.5}}),
+    # -- several processes (runtime.parallel) -----------------------------------------------
+    Case("more workers than prompts", 2, r"^runtime\.parallel\.workers: 2 replicas for 1 "
+         r"prompt\(s\) would leave 1 idle; use at most 1", args=("--workers", "2")),
+    Case("CFG-parallel of 3", 2, r"^runtime\.parallel\.cfg: 3 is invalid; CFG-parallel splits "
+         r"the two guidance branches", args=("--cfg-parallel", "3")),
+    Case("CFG-parallel, pipeline without support", 2, r"^runtime\.parallel\.cfg: 2 needs a "
+         r"pipeline that runs one CFG branch per rank \(bind_ar_diffusion_parallel\); "
+         r"FaultPipeline has none", args=("--cfg-parallel", "2")),
+    Case("CFG-parallel with one branch", 2, r"^runtime\.parallel\.cfg: 2 runs one CFG branch "
+         r"per rank, but the pipeline declares 1 branch\(es\) \['main'\]",
+         config={**entry("ardiff.pipelines.tiny_dit:TinyCausalDiT"), **rollout(
+             guidance_scale=3.0)}, args=("--cfg-parallel", "2")),
+    Case("CFG-parallel without guidance", 2, r"^runtime\.parallel\.cfg: 2 runs the negative "
+         r"branch on its own rank, but rollout\.guidance_scale is 1 \(no guidance\)",
+         config=entry("ardiff.pipelines.tiny_dit:TinyCausalDiT", cfg=True),
+         args=("--cfg-parallel", "2")),
     # -- the pipeline entry point and its spec --------------------------------------------
     Case("entry module missing", 2, r"^pipeline\.entry: module 'no_such_module' not found; "
          r"check the spelling or install", config=entry("no_such_module:Pipeline")),

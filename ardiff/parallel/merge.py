@@ -1,0 +1,152 @@
+"""The ranks' results -> one job report: totals as one process reports them, plus
+`parallel` (the job's shape) and `ranks[]` (one record per rank).
+
+Totals: frames, sessions and outputs come from the ranks that write (the first of each
+CFG group; its peer makes the same frames); KV pages and bytes and peak memory are summed
+over every rank (what the job held); `session_capacity` and `bytes_per_session` are one
+rank's (the ranks agree on the capacity). `rollout_s` is the longest rank's, so frames per
+second is the job's. The first failure that is not a peer's reaction names the rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ardiff.errors import EXIT_FAILED, EXIT_INTERRUPTED
+from ardiff.rollout.report import OutputRecord, RolloutReport
+
+SUMMED_KV = ("pages_total", "pages_in_use", "pages_peak", "kv_bytes_allocated",
+             "cross_attention_bytes")
+
+
+@dataclass
+class Failure:
+    """A rank's failure as the parent saw it, in the order it came."""
+
+    rank: int
+    message: str
+    exit_code: int = EXIT_FAILED
+    peer_lost: bool = False  # a reaction to another rank leaving, not a cause
+
+
+@dataclass
+class JobOutcome:
+    """What the parent gathered: each rank's result, failures in order, the stop reason."""
+
+    results: dict[int, dict[str, Any]] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
+    stop_reason: str | None = None
+
+    def add_result(self, result: dict[str, Any]) -> None:
+        self.results[result["rank"]] = result
+        report = result["report"]
+        if report["status"] == "failed":
+            self.failures.append(Failure(result["rank"], report["error"], report["exit_code"],
+                                         result["peer_lost"]))
+
+    @property
+    def cause(self) -> Failure | None:
+        causes = [f for f in self.failures if not f.peer_lost] or self.failures
+        return causes[0] if causes else None
+
+
+def merge(outcome: JobOutcome, report: RolloutReport, streams: dict[int, list[int]],
+          output_order: list[Path]) -> RolloutReport:
+    """Fill `report` (pipeline, frames requested, `parallel` already set) from the ranks.
+    `streams`: rank -> its stream indices; `output_order`: the planned output paths."""
+    results = [outcome.results[r] for r in sorted(outcome.results)]
+    writers = [r["report"] for r in results if r["writes"] and "frames" in r["report"]]
+    full = [r["report"] for r in results if "frames" in r["report"]]
+    report.frames_written = sum(w["frames"]["written"] for w in writers)
+    report.warmup_s = _max(r["timing"]["warmup_s"] for r in full)
+    report.rollout_s = _max(r["timing"]["rollout_s"] for r in full) or 0.0
+    report.time_to_first_frame_s = _min(w["timing"]["time_to_first_frame_s"] for w in writers)
+    report.block_latencies_s = [s for r in results if r["writes"] for s in r["block_latencies_s"]]
+    report.kv = _kv(full)
+    report.sessions = _summed([w["sessions"] for w in writers])
+    report.peak_rss_bytes = sum(r["memory"]["peak_rss_bytes"] for r in full)
+    devices = [r["memory"]["peak_device_bytes"] for r in full]
+    report.peak_device_bytes = sum(devices) if devices and None not in devices else None
+    report.outputs = _outputs(writers, output_order)
+    report.warnings = [f"rank {r['rank']}: {w}" for r in results
+                       for w in r["report"].get("warnings", [])]
+    report.ranks = [_rank_record(r, streams.get(r["rank"], [])) for r in results]
+    _set_status(report, outcome)
+    return report
+
+
+def _set_status(report: RolloutReport, outcome: JobOutcome) -> None:
+    cause = outcome.cause
+    if cause is not None:
+        stopped = [r for r, result in outcome.results.items()
+                   if r != cause.rank and result["report"]["status"] != "ok"]
+        others = f" (stopped too: rank {', '.join(map(str, stopped))})" if stopped else ""
+        report.status, report.exit_code = "failed", cause.exit_code or EXIT_FAILED
+        report.error = f"rank {cause.rank}: {cause.message}{others}"
+        return
+    interrupted = [r for r in outcome.results.values() if r["report"]["status"] == "interrupted"]
+    if outcome.stop_reason is not None and (interrupted or not _complete(report)):
+        report.status, report.exit_code = "interrupted", EXIT_INTERRUPTED
+        report.error = f"interrupted by {outcome.stop_reason}"
+
+
+def _complete(report: RolloutReport) -> bool:
+    return report.frames_written >= report.frames_requested
+
+
+def _kv(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    if not reports:
+        return {}
+    kv = dict(reports[0]["kv"])
+    for key in SUMMED_KV:
+        values = [r["kv"].get(key) for r in reports]
+        kv[key] = None if None in values else sum(values)
+    return kv
+
+
+def _summed(dicts: list[dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for counts in dicts:
+        for key, value in counts.items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
+def _outputs(writers: list[dict[str, Any]], order: list[Path]) -> list[OutputRecord]:
+    """Every written file, in stream order."""
+    rank_of = {str(path.expanduser().resolve()): i for i, path in enumerate(order)}
+    records = [OutputRecord(**o) for w in writers for o in w["outputs"]]
+    return sorted(records, key=lambda o: rank_of.get(str(Path(o.path).resolve()), len(order)))
+
+
+def _rank_record(result: dict[str, Any], streams: list[int]) -> dict[str, Any]:
+    report = result["report"]
+    timing = report.get("timing", {})
+    return {"rank": result["rank"], "replica": result["replica"],
+            "cfg_rank": result["cfg_rank"], "streams": streams, "pid": result["pid"],
+            "device": result["device"], "threads": result["threads"],
+            "status": report["status"], "error": report["error"],
+            "exit_code": report["exit_code"],
+            "timing": {"wall_s": result.get("wall_s"), "warmup_s": timing.get("warmup_s"),
+                       "rollout_s": timing.get("rollout_s"), "blocks": timing.get("blocks"),
+                       "frames_per_s": timing.get("frames_per_s")},
+            "writes": result["writes"],  # a CFG group's second rank makes, not writes
+            "frames_written": _written(result),
+            "kv": report.get("kv", {}), "sessions": report.get("sessions", {}),
+            "memory": report.get("memory", {})}
+
+
+def _written(result: dict[str, Any]) -> int:
+    return result["report"].get("frames", {}).get("written", 0) if result["writes"] else 0
+
+
+def _max(values) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def _min(values) -> float | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None

@@ -1,0 +1,35 @@
+"""A rank's stop: set by its parent (or a signal), agreed on by its CFG group.
+
+The ranks of a CFG group all-gather every denoising step, so they must stop at the same
+block: at each safe point they all-reduce "does any of us want to stop?" (a few bytes,
+once per block). Data-parallel replicas share nothing mid-run and stop on their own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ardiff.rollout.job import RolloutStop
+
+PEER_STOPPED = "a stop of its CFG peer"
+
+
+class RankStop(RolloutStop):
+    """`poll()` is collective when `groups` has a CFG group: call it at the same points on
+    every rank of the group (`run_rollout` does: the ranks run the same blocks)."""
+
+    def __init__(self, follow: RolloutStop | None = None) -> None:
+        super().__init__()
+        self.groups: Any = None  # ardiff.parallel.group.Groups, once joined
+        self.follow = follow     # a caller's stop (torchrun: the CLI's), read at each poll
+
+    def poll(self) -> str | None:
+        if self.follow is not None and self.follow.reason is not None:
+            self.request(self.follow.reason)
+        group = None if self.groups is None else self.groups.cfg
+        if group is None:
+            return self.reason
+        wanted = self.groups.reduce(int(self.reason is not None), "MAX", group)
+        if wanted and self.reason is None:
+            self.request(PEER_STOPPED)
+        return self.reason

@@ -1,0 +1,67 @@
+"""A rank started by `torchrun` (`runtime.parallel.launcher: env`): every process runs the
+same `ardiff rollout` command; rank 0 gathers the ranks' results and reports the job.
+
+    torchrun --standalone --nproc_per_node 2 -m ardiff_cli.main rollout run.yaml \
+        --set runtime.parallel.launcher=env
+
+torchrun owns the processes: its agent stops the others when one exits with an error.
+A data-parallel rank that fails still reaches the final gather (its files finalised), so
+rank 0's report names it; its peers finish their own streams first (with `spawn` the
+parent stops them at once). The ranks of a CFG group stop together as with `spawn`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from ardiff.config.run import RunConfig
+from ardiff.parallel.env import rank_from_env
+from ardiff.parallel.group import leave_groups
+from ardiff.parallel.launch import prepare_job
+from ardiff.parallel.merge import JobOutcome, merge
+from ardiff.parallel.stop import RankStop
+from ardiff.parallel.topology import replica_streams
+from ardiff.parallel.worker import RankJob, run_rank
+from ardiff.rollout.job import ProgressEvent, RolloutStop
+from ardiff.rollout.report import RolloutReport
+
+
+def run_torchrun_rank(config: RunConfig, on_event: Callable[[ProgressEvent], None] | None = None,
+                      stop: RolloutStop | None = None) -> RolloutReport:
+    """Run this torchrun rank's share; rank 0 returns the job's report, the others their
+    own (`is_primary` False: the CLI writes nothing for them)."""
+    rank = rank_from_env(config.runtime.parallel, os.environ)
+    job = prepare_job(config, [rank])
+    rank_stop = RankStop(follow=stop)
+    if stop is not None:
+        stop.phase = "rollout"  # a signal becomes a request the CFG group agrees on
+    rank_job = RankJob(config, rank, job.backend, "env://", job.threads,
+                       config.runtime.parallel.timeout_s)
+    try:
+        result = run_rank(rank_job, rank_stop, on_event or (lambda event: None))
+        results = _gather(result, rank.world_size)
+    finally:
+        leave_groups()
+    if rank.rank != 0:
+        own = RolloutReport(status=result["report"]["status"], error=result["report"]["error"],
+                            exit_code=result["report"]["exit_code"], is_primary=False)
+        return own
+    outcome = JobOutcome(stop_reason=None if stop is None else stop.reason)
+    for each in results:
+        outcome.add_result(each)
+    job.report.parallel["workers"] = rank.workers
+    streams = {r: replica_streams(r // rank.cfg, rank.workers, len(job.outputs))
+               for r in range(rank.world_size)}
+    return merge(outcome, job.report, streams, job.outputs)
+
+
+def _gather(result: dict, world_size: int) -> list[dict]:
+    """Every rank's result at rank 0 (others get an empty list)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():  # this rank failed before joining: report alone
+        return [result]
+    gathered = [None] * world_size if dist.get_rank() == 0 else None
+    dist.gather_object(result, gathered, dst=0)
+    return list(gathered or [])

@@ -1,0 +1,46 @@
+"""`ardiff bench CONFIG --workers N`: one worker against N on the same job (ardiff.parallel)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import typer
+
+from ardiff.errors import EXIT_FAILED
+from ardiff_cli import options, render
+
+
+def run(run_config, workers: int, repeats: int, json_path: str | None) -> None:
+    """Measure, then print the table (and the JSON); exit 1 if the JSON cannot be written."""
+    from ardiff.parallel.speedup import measure_speedup  # imports torch
+
+    report = measure_speedup(run_config, workers, repeats,
+                             on_progress=lambda msg: print(f"bench: {msg}", file=sys.stderr))
+    data = report.to_dict()
+    if json_path == "-":
+        print(json.dumps(data, indent=2))
+        return
+    json_error = options.write_json_file(json_path, data) if json_path else None
+    print_speedup(data)
+    if json_error:
+        print(f"error: {json_error}", file=sys.stderr)
+        raise typer.Exit(EXIT_FAILED)
+
+
+def print_speedup(data: dict) -> None:
+    one, many = data["one_worker"], data["workers"]
+    table = render._table(f"Workers: 1 vs {many['workers']} (median of {len(one['wall_s'])})",
+                          "", "1 worker", f"{many['workers']} workers", "ideal / target")
+    table.add_row("wall time (start to files written)", f"{one['wall_s_median']:.2f} s",
+                  f"{many['wall_s_median']:.2f} s",
+                  f"<= {data['target_wall_ratio']:.2f}x ({data['wall_ratio']:.2f}x)")
+    table.add_row("rollout time", f"{one['rollout_s_median']:.2f} s",
+                  f"{many['rollout_s_median']:.2f} s", "")
+    table.add_row("speedup (wall / rollout)", "1.00",
+                  f"{data['speedup']:.2f} / {data['rollout_speedup']:.2f}",
+                  f"{data['ideal']:.2f}")
+    table.add_row("frames identical", "", "yes" if data["frames_identical"] else "NO", "yes")
+    table.add_row("load average (1, 5, 15 min)", "",
+                  " ".join(f"{x:.2f}" for x in data["load_average"]), "")
+    render.console.print(table)
