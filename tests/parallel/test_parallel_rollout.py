@@ -183,8 +183,13 @@ def test_a_fault_on_rank_1_fails_the_job_and_names_the_rank(rank_fault):
     assert data["error"].startswith(
         "rank 1: session 'stream-0' block 3: generate_block raised RankFault")
     assert data["status"] == "failed" and data["exit_code"] == 1
-    assert [r["status"] for r in data["ranks"]] == ["failed", "failed"]
-    assert "a peer of its CFG group left" in data["ranks"][0]["error"]
+    rank0, rank1 = data["ranks"]
+    assert rank1["status"] == "failed"
+    # Rank 0 either sees its CFG peer leave inside the all-gather, or (when it is between
+    # blocks at that moment) takes the parent's stop at its next safe point: a race by design.
+    assert rank0["status"] in ("failed", "interrupted")
+    if rank0["status"] == "failed":
+        assert "a peer of its CFG group left" in rank0["error"]
 
 
 def test_a_failed_job_keeps_every_finished_frame_and_every_page(rank_fault):
