@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ardiff.contract.spec import find_branch
 from ardiff.errors import KVStateError
 from ardiff.kv import attention
 from ardiff.kv.address import TokenAddress
@@ -35,15 +36,26 @@ class PagedKVCache(KVCacheBase):
     def __init__(self, plan: KVPlan, device: str | torch.device = "cpu",
                  poison: bool = False) -> None:
         super().__init__(plan, device)
-        self.pool = PagePool(plan.total_pages)
+        # Register pages are the last `register_pages` of the storage, a fixed set per local
+        # slot (one block in flight per slot), so what a block stored there is still there
+        # for the next block of the slot: registers are written once per AR block.
+        self.pool = PagePool(plan.total_pages - plan.register_pages)
         self.storage = PagedStorage(plan, self.device, poison)
         self.policy = WindowPolicy.from_spec(plan.spec)
+        per_slot = plan.register_pages_per_branch
+        self.registers = [SlotRegisters(list(range(start, start + per_slot)),
+                                        plan.spec.num_layers)
+                          for start in range(self.pool.num_pages, plan.total_pages, per_slot or 1)]
 
     def new_branch(self, session_id: str, name: str) -> PagedBranch:
-        return PagedBranch(self, PageTable(self.policy))
+        slot = find_branch(self.spec, name).local_index
+        registers = self.registers[slot] if self.registers else SlotRegisters([], 0)
+        return PagedBranch(self, PageTable(self.policy), registers)
 
     def release_branch(self, branch: PagedBranch) -> None:
         self.free_pages(branch.table.release())
+        branch.registers.forget()  # the slot's next block writes its registers afresh
+        self.storage.poison(branch.registers.page_ids)
 
     def allocate_pages(self, num: int, what: str) -> list[int]:
         page_ids = self.pool.allocate(num)
@@ -58,16 +70,31 @@ class PagedKVCache(KVCacheBase):
         self.storage.poison(page_ids)
 
     def stats(self) -> CacheStats:
-        return CacheStats("paged", self.pool.num_pages, self.pool.num_used, self.pool.peak_used,
-                          self.storage.nbytes, self.cross.nbytes, len(self._sessions))
+        """Pages in use and at peak count history and in-flight pages; `pages_total` is the
+        plan's, the reserved register pages included."""
+        return CacheStats("paged", self.plan.total_pages, self.pool.num_used,
+                          self.pool.peak_used, self.storage.nbytes, self.cross.nbytes,
+                          len(self._sessions))
+
+
+class SlotRegisters:
+    """The register pages of one local slot and, per layer, which tensors they hold now
+    (kept referenced, so their memory cannot be reused by other tensors meanwhile)."""
+
+    def __init__(self, page_ids: list[int], num_layers: int) -> None:
+        self.page_ids = page_ids
+        self.held: list[tuple | None] = [None] * num_layers  # (key, extra_k, extra_v)
+
+    def forget(self) -> None:
+        self.held = [None] * len(self.held)
 
 
 class PagedBranch:
-    """One branch of one session: its page table."""
+    """One branch of one session: its page table, and the read address of its last block."""
 
-    def __init__(self, cache: PagedKVCache, table: PageTable) -> None:
-        self.cache, self.table = cache, table
-        self._read: tuple[tuple, TokenAddress] | None = None  # (key, address) of the last block
+    def __init__(self, cache: PagedKVCache, table: PageTable, registers: SlotRegisters) -> None:
+        self.cache, self.table, self.registers = cache, table, registers
+        self._read: tuple[tuple, BlockAddress] | None = None  # (key, address) of the last block
 
     @property
     def num_committed_frames(self) -> int:
@@ -77,19 +104,17 @@ class PagedBranch:
     def kept_frames(self) -> list[int]:
         return self.table.visible_frames
 
-    def read_address(self, block_frames: list[FramePages],
-                     before: int | None = None) -> TokenAddress:
-        """Where a block reads: [visible history (the kept frames before `before`, if set) |
-        the block]. Rebuilt only when the table, `before` or the block's pages changed, so
-        the probes and the commit of one block share it."""
+    def block_address(self, block_frames: list[FramePages],
+                      before: int | None = None) -> BlockAddress:
+        """Where a block writes and reads. Rebuilt only when the table, `before` or the
+        block's pages changed: the probes and the commit of a block share one, and so do
+        the probes of later blocks until a commit (the pool hands the same pages back)."""
         key = (self.table.version, before, tuple(block_frames))
         if self._read is None or self._read[0] != key:
-            storage = self.cache.storage
             history = self.table.visible_pages if before is None else \
                 self.table.frames_before(before)
-            address = storage.frames_address(history).concat(
-                storage.frames_address(block_frames))
-            self._read = (key, address)
+            self._read = (key, BlockAddress(self.cache.storage, history, block_frames,
+                                            self.registers.page_ids))
         return self._read[1]
 
     def begin(self, num_frames: int) -> PagedBlock:
@@ -99,8 +124,46 @@ class PagedBranch:
         return PagedBlock(self, num_frames, recache_at=start_frame)
 
 
+class BlockAddress:
+    """A block's addresses in the storage:
+
+        read(n):  [visible history | the block | n register tokens]   one gather per K and V
+        block:    the block's in-flight pages (every attend writes its k/v there)
+        registers(n): the first n tokens of the register pages
+    """
+
+    def __init__(self, storage: PagedStorage, history: list[FramePages],
+                 frames: list[FramePages], register_pages: list[int]) -> None:
+        self.storage, self.register_pages = storage, register_pages
+        self.block = storage.frames_address(frames)
+        self.block_views = storage.write_views(self.block)  # per layer, None: by index
+        self._history_block = storage.frames_address(history).concat(self.block)
+        self._reads: dict[int, TokenAddress] = {0: self._history_block}
+        self._registers: dict[int, TokenAddress] = {}
+
+    def registers(self, num_tokens: int) -> TokenAddress:
+        address = self._registers.get(num_tokens)
+        if address is None:
+            address = self._registers[num_tokens] = self.storage.registers_address(
+                self.register_pages, num_tokens)
+        return address
+
+    def read(self, num_registers: int) -> TokenAddress:
+        address = self._reads.get(num_registers)
+        if address is None:
+            address = self._reads[num_registers] = self._history_block.concat(
+                self.registers(num_registers))
+        return address
+
+
 class PagedBlock:
     """A block in flight: its pages, and the storage addresses it writes and reads through.
+
+    Every attend writes the block's k/v into its in-flight pages and reads [history |
+    block | registers] with one gather per K and V. Register tokens live in the slot's
+    register pages and are written once per AR block: a later attend of the layer (the
+    next probe, the commit) that passes the same tensors (the same memory, shape and
+    strides; the same version where torch tracks one) reads what is stored.
 
     With `recache_at` set it re-commits kept frames `recache_at, ...` instead of appending:
     it sees the kept frames before them, and its commit swaps its pages in for theirs."""
@@ -117,33 +180,48 @@ class PagedBlock:
             self.start_frame = recache_at
             self.visible_frames = [index for index in kept if index < recache_at]
         ppf = plan.pages_per_frame
-        pages = cache.allocate_pages(num_frames * ppf + plan.register_pages_per_branch,
-                                     "in-flight and register")  # one all-or-nothing call
+        pages = cache.allocate_pages(num_frames * ppf, "in-flight")
         self.frames: list[FramePages] = [tuple(pages[i * ppf:(i + 1) * ppf])
                                          for i in range(num_frames)]
-        self.register_pages = pages[num_frames * ppf:]
-        self.block_address = self.storage.frames_address(self.frames)
-        # [visible history tokens | this block's tokens]: built once, read by every attend.
-        self.kv_address = branch.read_address(self.frames, recache_at)
-        self._registers: dict[int, TokenAddress] = {}  # register count -> address
+        self.address = branch.block_address(self.frames, recache_at)
+        self.registers = branch.registers
         self._done = False
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
                scale: float | None) -> torch.Tensor:
-        self.storage.write(layer, self.block_address, k, v)
-        registers = None
+        address = self.address
+        views = address.block_views[layer]
+        if views is None:
+            self.storage.write(layer, address.block, k, v)
+        else:  # the block is one stretch of storage: two plain copies
+            views[0].copy_(k)
+            views[1].copy_(v)
+        num_registers = 0
         if extra_k is not None:
-            registers = self._registers_address(extra_k.shape[0])
-            self.storage.write(layer, registers, extra_k, extra_v)
-        keys, values = self.storage.read(layer, self.kv_address, registers)
+            num_registers = extra_k.shape[0]
+            self._store_registers(layer, extra_k, extra_v)
+        keys, values = self.storage.gather(layer, address.read(num_registers))
         return attention.attend(q, keys, values, scale)
 
-    def _registers_address(self, num_tokens: int) -> TokenAddress:
-        if num_tokens not in self._registers:
-            self._registers[num_tokens] = self.storage.registers_address(self.register_pages,
-                                                                         num_tokens)
-        return self._registers[num_tokens]
+    def _store_registers(self, layer: int, extra_k: torch.Tensor,
+                         extra_v: torch.Tensor) -> None:
+        key = register_key(extra_k, extra_v)
+        held = self.registers.held[layer]
+        if held is not None and held[0] == key:
+            if self.storage.poison_enabled:  # the debug mode checks what it skipped
+                self._check_same(layer, extra_k, extra_v)
+            return
+        self.storage.write(layer, self.address.registers(extra_k.shape[0]), extra_k, extra_v)
+        self.registers.held[layer] = (key, extra_k, extra_v)
+
+    def _check_same(self, layer: int, extra_k: torch.Tensor, extra_v: torch.Tensor) -> None:
+        kept_k, kept_v = self.storage.read(layer, self.address.registers(extra_k.shape[0]))
+        if not (torch.equal(kept_k, extra_k) and torch.equal(kept_v, extra_v)):
+            raise KVStateError(f"attend(layer={layer}): extra_k/extra_v were changed in place "
+                               f"after an earlier attend stored them; register tokens are "
+                               f"stored once and reread while the same tensors come: pass new "
+                               f"tensors when they change")
 
     def commit(self) -> None:
         """Hand the in-flight pages to the table; free what the window evicts (a recache:
@@ -160,5 +238,17 @@ class PagedBlock:
     def _finish(self, page_ids: list[int]) -> None:
         assert not self._done, "a block is finished once"
         self._done = True
-        self.cache.free_pages(page_ids + self.register_pages)
+        # Freed last-first, so the next block gets the same pages in the same order (the pool
+        # reuses the last freed first) and its addresses are the cached ones.
+        self.cache.free_pages(page_ids[::-1])
 
+
+def register_key(extra_k: torch.Tensor, extra_v: torch.Tensor) -> tuple:
+    """What identifies register tokens between attends of one block: memory, shape, strides
+    and, where torch tracks it (not for inference tensors), the version counter."""
+    return (_identity(extra_k), _identity(extra_v))
+
+
+def _identity(t: torch.Tensor) -> tuple:
+    version = None if t.is_inference() else t._version
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype, version)

@@ -72,6 +72,13 @@ class Block:
         num_kv_heads, head_size]; extra_k/v: [n, num_kv_heads, head_size] register
         tokens (never committed). Raises `KVStateError` on any mismatch.
         """
+        if not self._state.checks.accepts(self, layer, q, k, v, extra_k, extra_v):
+            self._check_all(layer, q, k, v, extra_k, extra_v)  # raises, naming what is wrong
+        self.attended_layers.add(layer)
+        return self._kv.attend(layer, q, k, v, extra_k, extra_v, scale)
+
+    def _check_all(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   extra_k: torch.Tensor | None, extra_v: torch.Tensor | None) -> None:
         self._check_alive()
         self._check_layer(layer)
         checks = self._state.checks
@@ -80,8 +87,6 @@ class Block:
         checks.kv(layer, "k", k, expected, "num_frames * tokens_per_frame")
         checks.kv(layer, "v", v, expected, "num_frames * tokens_per_frame")
         checks.extra(layer, extra_k, extra_v)
-        self.attended_layers.add(layer)
-        return self._kv.attend(layer, q, k, v, extra_k, extra_v, scale)
 
     def _check_layer(self, layer: int) -> None:
         num_layers = self._state.spec.num_layers
@@ -102,10 +107,47 @@ class Block:
 
 
 class TensorChecks:
-    """Shape, dtype and device checks of the tensors a pipeline passes in."""
+    """Shape, dtype and device checks of the tensors a pipeline passes in.
+
+    `accepts` is the per-attend fast path: a few comparisons that pass only arguments the
+    full checks pass too; anything else goes through the full checks, which raise with the
+    message. So checking costs next to nothing and nothing goes unchecked."""
 
     def __init__(self, spec, dtype: torch.dtype, device: torch.device) -> None:
         self.spec, self.dtype, self.device = spec, dtype, device
+        self._kv_tail = (spec.num_kv_heads, spec.head_size)
+        self._block_shapes: dict[int, tuple[int, int, int]] = {}  # num_frames -> k/v shape
+
+    def accepts(self, blk: Block, layer: object, q: object, k: object, v: object,
+                extra_k: object, extra_v: object) -> bool:
+        """Whether the full checks would pass (False: maybe not; run them)."""
+        state = blk._state
+        if blk.is_finished or state._closed or state._session.is_released:
+            return False
+        if type(layer) is not int or not 0 <= layer < self.spec.num_layers or (
+                blk.is_commit and layer in blk.attended_layers):
+            return False
+        shape = self._block_shapes.get(blk.num_frames)
+        if shape is None:
+            shape = self._block_shapes[blk.num_frames] = (
+                blk.num_frames * self.spec.tokens_per_frame, *self._kv_tail)
+        try:
+            ok = (k.shape == shape and v.shape == shape and self._same(q, k, v)
+                  and q.dim() == 3 and q.shape[0] > 0 and q.shape[2] == shape[2]
+                  and q.shape[1] % shape[1] == 0)
+            if extra_k is None or not ok:
+                return ok and extra_v is None
+            n = extra_k.shape[0]
+            return (extra_k.shape == (n, *self._kv_tail) and extra_v.shape == extra_k.shape
+                    and 1 <= n <= self.spec.max_scratch_tokens_per_branch
+                    and self._same(extra_k, extra_v))
+        except (AttributeError, TypeError, IndexError):  # not tensors: the full checks say so
+            return False
+
+    def _same(self, *tensors: torch.Tensor) -> bool:
+        """Every tensor a torch.Tensor of the runtime dtype on the runtime device."""
+        return all(type(t) is torch.Tensor and t.dtype == self.dtype and t.device == self.device
+                   for t in tensors)
 
     def tensor(self, layer: int, label: str, t: object) -> torch.Tensor:
         if not isinstance(t, torch.Tensor):
