@@ -1,0 +1,97 @@
+"""ardiff/bench as a library: arms alternate per block, ratios are paired, the reference loop
+agrees with ardiff, and what a bench opens it closes, whatever happens."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ardiff.bench import current_rss_bytes, run, run_bench
+from ardiff.bench.spread import Spread, paired_ratios
+from ardiff.config.run import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_DIT = REPO / "configs" / "tiny-dit.yaml"
+DEFAULT = REPO / "configs" / "default.yaml"
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def test_run_bench_closes_its_runners_when_a_measurement_raises(monkeypatch):
+    built = {}
+    real_runners = run._runners
+
+    def keep(config, compiled):
+        built.update(real_runners(config, compiled))
+        return built
+
+    def fail(*args, **kwargs):
+        raise Boom("injected measurement fault")
+
+    monkeypatch.setattr(run, "_runners", keep)
+    monkeypatch.setattr(run, "_alternate", fail)
+    with pytest.raises(Boom):
+        run_bench(load_config(TINY_DIT), blocks=1, repeats=1, encode=False)
+    assert {"paged", "dense"} <= set(built)
+    for runner in built.values():
+        with pytest.raises(Exception, match="the runner is closed"):
+            runner.warmup()
+
+
+class Recorder:
+    def __init__(self, name: str, calls: list[str]) -> None:
+        self.name, self.calls = name, calls
+
+    def open(self, tag: str) -> None:
+        self.calls.append(f"open {self.name}")
+
+    def step(self) -> None:
+        self.calls.append(self.name)
+
+
+def test_arms_alternate_block_by_block_and_the_first_arm_rotates():
+    calls: list[str] = []
+    arms = [Recorder(name, calls) for name in "abc"]
+    run._alternate(arms, blocks=3, rep=1)  # repeat 1 goes on where repeat 0 stopped
+
+    assert calls == ["open a", "open b", "open c", "a", "b", "c", "b", "c", "a", "c", "a", "b"]
+
+
+def test_paired_ratios_and_their_spread_by_hand():
+    ratios = paired_ratios([2.0, 3.0, 4.0, 10.0], [1.0, 3.0, 2.0, 5.0])
+    assert ratios == [2.0, 1.0, 2.0, 2.0]
+    assert Spread.of(ratios) == Spread(median=2.0, p10=1.3, p90=2.0, n=4)
+    assert Spread.of([]) is None
+    with pytest.raises(ValueError, match="ran 2 and 1 blocks"):
+        paired_ratios([1.0, 2.0], [1.0])
+
+
+def test_the_default_model_is_measured_against_its_hand_written_loop():
+    report = run_bench(load_config(DEFAULT), blocks=2, repeats=1, encode=False)
+    data = report.to_dict()
+
+    assert {"paged", "dense", "reference"} <= set(data["arms"])
+    assert data["max_abs_frame_diff"]["ardiff/reference"] == 0  # the same frames, bit for bit
+    assert data["max_abs_frame_diff"]["paged/dense"] == 0
+    ratio = data["ratios"]["ardiff/reference"]
+    assert ratio["wall"]["n"] == ratio["cpu"]["n"] == 2 and ratio["wall"]["median"] > 0
+    assert data["machine"]["torch_threads"] == 1 and len(data["machine"]["load_before"]) == 3
+    if "compiled" not in data["arms"]:  # until runtime.compile exists: said, not faked
+        assert data["ratios"]["eager/compiled"] is None
+        assert data["unavailable"]["compiled"] == run.NO_COMPILE
+
+
+def test_a_pipeline_without_a_loop_says_so():
+    report = run_bench(load_config(TINY_DIT), blocks=1, repeats=1, encode=False,
+                       compiled=False)
+    assert report.to_dict()["unavailable"] == {"reference": run.NO_REFERENCE,
+                                               "compiled": "not asked for (--no-compile)"}
+
+
+def test_current_rss_is_a_whole_number_of_pages():
+    assert current_rss_bytes() % os.sysconf("SC_PAGE_SIZE") == 0
+    assert current_rss_bytes() > 0
