@@ -219,7 +219,7 @@ class OutputConfig:
     crf: Annotated[StrictInt, Field(ge=0, le=MAX_CRF)] | None = None
     """None: the codec's default quality."""
     preset: Text | None = None
-    """x264 preset; None: veryfast."""
+    """x264 preset; None: ultrafast."""
 
     @field_validator("fps")
     @classmethod

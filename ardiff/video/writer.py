@@ -2,7 +2,7 @@
 
 The format follows the output path's suffix:
 
-    .mp4   H.264 (libx264, yuv420p; crf 23, preset veryfast)
+    .mp4   H.264 (libx264, yuv420p; crf 23, preset ultrafast, one thread)
     .mkv   FFV1, lossless (default) or codec='h264'
     .webm  VP9 (libvpx-vp9, yuv420p, constant quality; crf 32)
     .gif   256-colour palette per frame, loops forever
