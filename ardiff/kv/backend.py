@@ -75,6 +75,7 @@ class KVCacheBase:
         self.device = _normalize(torch.device(device))
         self.torch_dtype = torch_dtype(plan.dtype)
         self.cross = CrossKVStore(plan.spec, self.torch_dtype, self.device)
+        self.branch_slots = {b.name: b.local_index for b in plan.spec.kv_branches}
         self._sessions: dict[str, SessionKV] = {}
         self._open_slots: dict[int, str] = {}
 

@@ -231,12 +231,15 @@ class KVState:
         """Open a block on `branch`; with `commit=True` its K/V become history on a clean exit."""
         self.check_open()
         num_frames = self._check_num_frames(num_frames)
-        self._session.check_slot(branch)
+        slot = self._session.check_slot(branch)
         self._check_positions(branch, num_frames)  # before the slot is claimed: all or nothing
-        slot = self._session.claim_slot(branch)
-        with self._in_flight(slot, branch):
-            kv = self._session.branch(branch).begin(num_frames)
+        history = self._session.branch(branch)
+        self._cache.open_slot(slot, branch)
+        try:
+            kv = history.begin(num_frames)
             yield from self._run(Block(self, branch, kv, num_frames, commit), kv)
+        finally:
+            self._cache.close_slot(slot)
 
     @contextlib.contextmanager
     def recache(self, branch: str, start_frame: int,
