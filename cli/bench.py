@@ -47,7 +47,7 @@ def startup_seconds(args: list[str], runs: int = STARTUP_RUNS) -> list[float] | 
 
 
 def bench_command(
-    config: Path = options.ConfigArg,
+    config: Path = options.OptionalConfigArg,
     blocks: int = typer.Option(8, "--blocks", min=1, help="Timed blocks per repeat and arm."),
     repeats: int = typer.Option(3, "--repeats", min=1,
                                 help="Repeats, each on fresh sessions with a filled window."),
@@ -64,7 +64,8 @@ def bench_command(
                                   help="Write the numbers as JSON to PATH ('-': stdout)."),
     debug: bool = options.DebugOpt,
 ) -> None:
-    """Measure ardiff side by side: paged vs dense, vs a hand-written loop, eager vs compiled.
+    """Measure ardiff side by side: paged vs dense, vs a hand-written loop, eager vs compiled
+    (no CONFIG: the embedded default).
 
     The arms alternate block by block; ratios are paired per block (median, p10-p90), with
     the model thread's CPU time beside wall time. `--json PATH` is checked before anything
@@ -85,13 +86,27 @@ def bench_command(
                                on_progress=lambda msg: print(f"bench: {msg}", file=sys.stderr))
             data = report.to_dict()
             print("bench: start-up", file=sys.stderr)
+            spec_path = _config_file(config)
             data["startup_s"] = {
                 name: None if times is None else Spread.of(times).to_dict()
                 for name, times in (("help", startup_seconds(["--help"])),
-                                    ("inspect_spec", startup_seconds(["inspect-spec",
-                                                                      str(config)])))}
+                                    ("inspect_spec", spec_path and startup_seconds(
+                                        ["inspect-spec", spec_path])))}
         stop_signals.hold()  # the numbers are written whatever comes now
-        _emit(data, json_path, str(config), markdown)
+        _emit(data, json_path, str(config or "(the embedded default)"), markdown)
+
+
+def _config_file(config: Path | None) -> str | None:
+    """The config's file, for timing `inspect-spec` on it; the embedded default's when it is
+    a file on disk (not inside a zip)."""
+    if config is not None:
+        return str(config)
+    from importlib import resources
+
+    from ardiff.config.run import DEFAULT_CONFIG_NAME
+
+    path = resources.files("ardiff.configs").joinpath(DEFAULT_CONFIG_NAME)
+    return str(path) if isinstance(path, Path) and path.is_file() else None
 
 
 def _emit(data: dict, json_path: str | None, config: str, markdown: bool) -> None:

@@ -134,3 +134,14 @@ def test_a_json_file_that_cannot_be_written_is_one_error_line_after_the_table(tm
         "error: --json: cannot write '/dev/full' (OSError: [Errno 28] No space left on device); "
         "check free disk space and permissions")
     assert "Traceback" not in result.output
+
+
+def test_no_config_benches_the_embedded_default_against_its_reference_loop(timed_commands):
+    result = CliRunner().invoke(app, ["bench", "--blocks", "1", "--repeats", "1", "--no-encode",
+                                      "--json", "-"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout[result.stdout.index("{"):])
+    assert data["ratios"]["ardiff/reference"]["wall"]["n"] == 1
+    assert data["max_abs_frame_diff"]["ardiff/reference"] == 0
+    assert timed_commands[1][0] == "inspect-spec"
+    assert Path(timed_commands[1][1]).name == "default.yaml"
