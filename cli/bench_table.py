@@ -41,9 +41,10 @@ def title(data: dict, config: str) -> str:
     m = data["machine"]
     load = " ".join(f"{x:g}" for x in m["load_before"])
     after = " ".join(f"{x:g}" for x in m["load_after"])
+    threads = f"{m['torch_threads']} torch thread" + ("s" if m["torch_threads"] > 1 else "")
     return (f"ardiff bench {config}: {data['repeats']} repeats x {data['blocks']} blocks per arm, "
-            f"alternating per block; {m['torch_threads']} torch thread(s), {m['cpus']} CPUs, "
-            f"load average {load} (after: {after})")
+            f"alternating per block; {threads}, {m['cpus']} CPUs, load average {load} "
+            f"(after: {after})")
 
 
 def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
