@@ -32,6 +32,7 @@ from ardiff.sizes import ceil_div
 
 NO_REFERENCE = "no hand-written loop ships for this pipeline"
 NO_COMPILE = "runtime.compile is not in this build of ardiff"
+NO_COMPILE_LAYERS = "the pipeline offers no compile_layers"
 
 
 def current_rss_bytes() -> int:
@@ -75,10 +76,10 @@ def run_bench(config: RunConfig, blocks: int = 8, repeats: int = 3,
 
 def _measure(config: RunConfig, blocks: int, repeats: int, compiled: bool, threads: int,
              runners: dict[str, Runner], say: Callable[[str], None]) -> BenchReport:
-    runners.update(_runners(config, compiled))
     unavailable = {"reference": NO_REFERENCE}
-    if "compiled" not in runners:
-        unavailable["compiled"] = NO_COMPILE if compiled else "not asked for (--no-compile)"
+    why_not = _build_runners(config, compiled, runners)
+    if why_not:
+        unavailable["compiled"] = why_not
     plan = runners["paged"].plan
     arms: dict[str, Arm] = {name: RunnerArm(name, runner, config)
                             for name, runner in runners.items()}
@@ -106,26 +107,26 @@ def _measure(config: RunConfig, blocks: int, repeats: int, compiled: bool, threa
     return report
 
 
-def _runners(config: RunConfig, compiled: bool) -> dict[str, Runner]:
-    """paged and dense runners over one loaded pipeline (and a compiled paged one when this
-    ardiff has runtime.compile), each sized for one session. Closes what it built on error."""
+def _build_runners(config: RunConfig, compiled: bool, runners: dict[str, Runner]) -> str | None:
+    """Into `runners`: paged and dense over one loaded pipeline, and `compiled` (paged, with
+    runtime.compile, over a second copy of the pipeline: compiling changes the pipeline it
+    is given) when asked and possible; each sized for one session. Returns why there is no
+    compiled runner (None when there is one). The caller closes them."""
     can_compile = "compile" in {f.name for f in dataclasses.fields(config.runtime)}
     eager = _with_runtime(config, max_sessions=1, **({"compile": False} if can_compile else {}))
     resolved = resolve(eager)
-    runners: dict[str, Runner] = {}
-    try:
-        for i, backend in enumerate(("paged", "dense")):
-            runners[backend] = build_runner(eager, resolved, load_weights=i == 0,
-                                            backend=backend)
-        if compiled and can_compile:
-            config_c = _with_runtime(eager, compile=True)
-            runners["compiled"] = build_runner(config_c, resolve(config_c, resolved.pipeline),
-                                               load_weights=False, backend="paged")
-    except BaseException:
-        for runner in runners.values():
-            runner.close()
-        raise
-    return runners
+    for i, backend in enumerate(("paged", "dense")):
+        runners[backend] = build_runner(eager, resolved, load_weights=i == 0, backend=backend)
+    if not compiled:
+        return "not asked for (--no-compile)"
+    if not can_compile:
+        return NO_COMPILE
+    config_c = _with_runtime(eager, compile=True)
+    resolved_c = resolve(config_c)
+    if not callable(getattr(resolved_c.pipeline, "compile_layers", None)):
+        return NO_COMPILE_LAYERS
+    runners["compiled"] = build_runner(config_c, resolved_c, backend="paged")
+    return None
 
 
 def _with_runtime(config: RunConfig, **changes) -> RunConfig:

@@ -138,7 +138,7 @@ def test_a_json_file_that_cannot_be_written_is_one_error_line_after_the_table(tm
 
 def test_no_config_benches_the_embedded_default_against_its_reference_loop(timed_commands):
     result = CliRunner().invoke(app, ["bench", "--blocks", "1", "--repeats", "1", "--no-encode",
-                                      "--json", "-"])
+                                      "--no-compile", "--json", "-"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout[result.stdout.index("{"):])
     assert data["ratios"]["ardiff/reference"]["wall"]["n"] == 1
