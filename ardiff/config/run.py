@@ -127,6 +127,9 @@ class RuntimeConfig:
     max_sessions: Annotated[StrictInt, Field(gt=0, le=MAX_SESSIONS)] | None = None
     """A cap below what the budget allows (None: as many as fit)."""
     kv: Section[KVConfig] = KVConfig()
+    compile: StrictBool = False
+    """torch.compile the pipeline's layer stack when the runner is built (the pipeline
+    must offer `compile_layers`); the first blocks then take longer while it compiles."""
 
     @field_validator("device")
     @classmethod

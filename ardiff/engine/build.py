@@ -124,6 +124,8 @@ def build_runner(config: RunConfig, resolved: ResolvedPipeline | None = None,
     device = resolve_device(config.runtime.device)
     if load_weights:
         _load(resolved.pipeline, device, config.runtime.dtype)
+    if config.runtime.compile:
+        compile_layers(resolved.pipeline, config.pipeline.entry)
     kv = config.runtime.kv
     backend = backend or kv.backend
     free_bytes = free_memory_bytes(device)
@@ -143,6 +145,27 @@ def check_budget_fits(budget: MemoryBudget, free_bytes: int, device: str) -> Non
         raise CapacityError(
             f"runtime.memory_budget: {budget} is more than the {free} free on {device}; lower "
             f"runtime.memory_budget to at most {free} or give a fraction of free memory like 0.8")
+
+
+def compile_layers(pipeline: Any, entry: str) -> None:
+    """`runtime.compile`: hand `torch.compile` to the pipeline's `compile_layers` hook, which
+    compiles its layer stack (attention inside stays one `ardiff::paged_attend` op)."""
+    hook = getattr(pipeline, "compile_layers", None)
+    if not callable(hook):
+        raise ConfigError(f"runtime.compile: true needs a pipeline with a compile_layers("
+                          f"compiler) method, and {shorten(entry, 80)} has none; set "
+                          f"runtime.compile: false")
+    import torch
+
+    import ardiff.kv.ops  # noqa: F401  registers ardiff::paged_attend before anything traces
+
+    try:
+        hook(torch.compile)
+    except ArdiffError:
+        raise
+    except Exception as exc:
+        raise PipelineError(f"pipeline: compile_layers raised {type(exc).__name__}: "
+                            f"{shorten(str(exc))}") from exc
 
 
 def _load(pipeline: Any, device: str, dtype: str) -> None:

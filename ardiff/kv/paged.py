@@ -18,7 +18,7 @@ import torch
 
 from ardiff.contract.spec import find_branch
 from ardiff.errors import KVStateError
-from ardiff.kv import attention
+from ardiff.kv import attention, ops
 from ardiff.kv.address import TokenAddress
 from ardiff.kv.backend import CacheStats, KVCacheBase
 from ardiff.kv.plan import KVPlan
@@ -42,6 +42,7 @@ class PagedKVCache(KVCacheBase):
         self.pool = PagePool(plan.total_pages - plan.register_pages)
         self.storage = PagedStorage(plan, self.device, poison)
         self.policy = WindowPolicy.from_spec(plan.spec)
+        self.max_registers = plan.spec.max_scratch_tokens_per_branch if plan.register_pages else 0
         per_slot = plan.register_pages_per_branch
         self.registers = [SlotRegisters(list(range(start, start + per_slot)),
                                         plan.spec.num_layers)
@@ -114,7 +115,8 @@ class PagedBranch:
             history = self.table.visible_pages if before is None else \
                 self.table.frames_before(before)
             self._read = (key, BlockAddress(self.cache.storage, history, block_frames,
-                                            self.registers.page_ids))
+                                            self.registers.page_ids,
+                                            self.cache.max_registers))
         return self._read[1]
 
     def begin(self, num_frames: int) -> PagedBlock:
@@ -133,13 +135,19 @@ class BlockAddress:
     """
 
     def __init__(self, storage: PagedStorage, history: list[FramePages],
-                 frames: list[FramePages], register_pages: list[int]) -> None:
+                 frames: list[FramePages], register_pages: list[int],
+                 max_registers: int) -> None:
         self.storage, self.register_pages = storage, register_pages
         self.block = storage.frames_address(frames)
         self.block_views = storage.write_views(self.block)  # per layer, None: by index
         self._history_block = storage.frames_address(history).concat(self.block)
         self._reads: dict[int, TokenAddress] = {0: self._history_block}
         self._registers: dict[int, TokenAddress] = {}
+        # What `ardiff::paged_attend` takes, per register count: built here, outside any
+        # compiled region, so a traced attend only reads existing tensors.
+        self.op_indices = {n: (self.block.index if n == 0 else torch.cat(
+            [self.block.index, self.registers(n).index]), self.read(n).index)
+            for n in range(max_registers + 1)}
 
     def registers(self, num_tokens: int) -> TokenAddress:
         address = self._registers.get(num_tokens)
@@ -203,6 +211,20 @@ class PagedBlock:
             self._store_registers(layer, extra_k, extra_v)
         keys, values = self.storage.gather(layer, address.read(num_registers))
         return attention.attend(q, keys, values, scale)
+
+    def traced_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
+                      scale: float | None) -> torch.Tensor:
+        """`attend` as a compiled layer stack traces it: one `ardiff::paged_attend` call
+        (registers are stored with the block's k/v, every call)."""
+        num_registers = 0
+        if extra_k is not None:
+            num_registers = extra_k.shape[0]
+            k, v = torch.cat([k, extra_k]), torch.cat([v, extra_v])
+            self.registers.held[layer] = None  # what eager attends stored is overwritten
+        write_index, read_index = self.address.op_indices[num_registers]
+        k_cache, v_cache = self.storage.flat(layer)
+        return ops.paged_attend(q, k, v, k_cache, v_cache, write_index, read_index, scale)
 
     def _store_registers(self, layer: int, extra_k: torch.Tensor,
                          extra_v: torch.Tensor) -> None:

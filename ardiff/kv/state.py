@@ -72,10 +72,25 @@ class Block:
         num_kv_heads, head_size]; extra_k/v: [n, num_kv_heads, head_size] register
         tokens (never committed). Raises `KVStateError` on any mismatch.
         """
+        if torch.compiler.is_compiling():  # a compiled layer stack: a traceable attend
+            return self._traced_attend(layer, q, k, v, extra_k, extra_v, scale)
         if not self._state.checks.accepts(self, layer, q, k, v, extra_k, extra_v):
             self._check_all(layer, q, k, v, extra_k, extra_v)  # raises, naming what is wrong
         self.attended_layers.add(layer)
         return self._kv.attend(layer, q, k, v, extra_k, extra_v, scale)
+
+    def _traced_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
+                       scale: float | None) -> torch.Tensor:
+        """The same checks (on the traced shapes, so once per compilation) and attend, by
+        the backend's traceable path when it has one (paged: `ardiff::paged_attend`)."""
+        if not self._state.checks.accepts(self, layer, q, k, v, extra_k, extra_v, traced=True):
+            self._check_all(layer, q, k, v, extra_k, extra_v)
+        # Recorded by writing an attribute, never reading one: a read would make the compiled
+        # code guard on which layers came before (and recompile for each).
+        setattr(self, f"_traced_layer_{layer}", True)
+        attend = getattr(self._kv, "traced_attend", self._kv.attend)
+        return attend(layer, q, k, v, extra_k, extra_v, scale)
 
     def _check_all(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    extra_k: torch.Tensor | None, extra_v: torch.Tensor | None) -> None:
@@ -99,7 +114,9 @@ class Block:
                                f"per layer")
 
     def check_complete(self) -> None:
-        missing = sorted(set(range(self._state.spec.num_layers)) - self.attended_layers)
+        traced = {layer for layer in range(self._state.spec.num_layers)
+                  if self.__dict__.get(f"_traced_layer_{layer}")}
+        missing = sorted(set(range(self._state.spec.num_layers)) - self.attended_layers - traced)
         if missing:
             raise KVStateError(f"{self.kind} block of branch {self.branch!r} ended without "
                                f"attending layers {missing}; a {self.kind} must attend every "
@@ -116,22 +133,22 @@ class TensorChecks:
     def __init__(self, spec, dtype: torch.dtype, device: torch.device) -> None:
         self.spec, self.dtype, self.device = spec, dtype, device
         self._kv_tail = (spec.num_kv_heads, spec.head_size)
-        self._block_shapes: dict[int, tuple[int, int, int]] = {}  # num_frames -> k/v shape
+        self._block_shapes = {n: (n * spec.tokens_per_frame, *self._kv_tail)  # k/v shape
+                              for n in range(1, spec.frames_per_block + 1)}
 
     def accepts(self, blk: Block, layer: object, q: object, k: object, v: object,
-                extra_k: object, extra_v: object) -> bool:
-        """Whether the full checks would pass (False: maybe not; run them)."""
+                extra_k: object, extra_v: object, traced: bool = False) -> bool:
+        """Whether the full checks would pass (False: maybe not; run them). `traced` (a
+        compiled layer stack) leaves out the once-per-layer rule of a commit, which the
+        block's end checks there (every layer attended)."""
         state = blk._state
         if blk.is_finished or state._closed or state._session.is_released:
             return False
         if type(layer) is not int or not 0 <= layer < self.spec.num_layers or (
-                blk.is_commit and layer in blk.attended_layers):
+                not traced and blk.is_commit and layer in blk.attended_layers):
             return False
-        shape = self._block_shapes.get(blk.num_frames)
-        if shape is None:
-            shape = self._block_shapes[blk.num_frames] = (
-                blk.num_frames * self.spec.tokens_per_frame, *self._kv_tail)
         try:
+            shape = self._block_shapes[blk.num_frames]
             ok = (k.shape == shape and v.shape == shape and self._same(q, k, v)
                   and q.dim() == 3 and q.shape[0] > 0 and q.shape[2] == shape[2]
                   and q.shape[1] % shape[1] == 0)
@@ -141,7 +158,7 @@ class TensorChecks:
             return (extra_k.shape == (n, *self._kv_tail) and extra_v.shape == extra_k.shape
                     and 1 <= n <= self.spec.max_scratch_tokens_per_branch
                     and self._same(extra_k, extra_v))
-        except (AttributeError, TypeError, IndexError):  # not tensors: the full checks say so
+        except (AttributeError, TypeError, IndexError, KeyError):  # the full checks say why
             return False
 
     def _same(self, *tensors: torch.Tensor) -> bool:

@@ -73,12 +73,13 @@ class PagedStorage:
         return [(k.narrow(0, start, length), v.narrow(0, start, length))
                 for k, v in self._flat_views]
 
-    def _flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s K and V as [pages * page_tokens, heads, head_size] (views)."""
         return self._flat_views[layer]
 
     def write(self, layer: int, address: TokenAddress, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K/V `[address.num_tokens, heads, head_size]` at `address`."""
-        for pool, src in zip(self._flat(layer), (k, v)):
+        for pool, src in zip(self.flat(layer), (k, v)):
             self._copy(pool, address, src, into_pool=True)
 
     def read(self, layer: int, address: TokenAddress,
