@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import resource
 import shutil
 import subprocess
 import sys
@@ -31,19 +32,26 @@ def _parse_sweep(value: str | None) -> list[int]:
     return frames
 
 
-def startup_seconds(args: list[str], runs: int = STARTUP_RUNS) -> list[float] | None:
-    """Wall times of `ardiff ARGS` in fresh processes (what a shell script pays); None when
-    no installed `ardiff` script is found."""
+def startup_seconds(args: list[str], runs: int = STARTUP_RUNS) -> dict[str, list[float]] | None:
+    """Wall times of `ardiff ARGS` in fresh processes (what a shell script pays) and the CPU
+    time (user + system) each one used, which machine load moves less; None when no
+    installed `ardiff` script is found."""
     beside = Path(sys.executable).parent / "ardiff"
     exe = str(beside) if beside.exists() else shutil.which("ardiff")
     if exe is None:
         return None
-    times = []
+    times: dict[str, list[float]] = {"wall": [], "cpu": []}
     for _ in range(runs):
-        start = time.perf_counter()
+        cpu, start = _children_cpu_s(), time.perf_counter()
         subprocess.run([exe, *args], capture_output=True, check=False)
-        times.append(time.perf_counter() - start)
+        times["wall"].append(time.perf_counter() - start)
+        times["cpu"].append(_children_cpu_s() - cpu)
     return times
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def bench_command(
@@ -88,7 +96,8 @@ def bench_command(
             print("bench: start-up", file=sys.stderr)
             spec_path = _config_file(config)
             data["startup_s"] = {
-                name: None if times is None else Spread.of(times).to_dict()
+                name: None if times is None else {kind: Spread.of(values).to_dict()
+                                                  for kind, values in times.items()}
                 for name, times in (("help", startup_seconds(["--help"])),
                                     ("inspect_spec", spec_path and startup_seconds(
                                         ["inspect-spec", spec_path])))}
