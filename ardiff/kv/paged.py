@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import torch
 
-from ardiff.contract.spec import find_branch
 from ardiff.errors import KVStateError
 from ardiff.kv import attention, ops
 from ardiff.kv.address import TokenAddress
 from ardiff.kv.backend import CacheStats, KVCacheBase
 from ardiff.kv.plan import KVPlan
 from ardiff.kv.pool import PagePool
+from ardiff.kv.slots import Slot, StaticIndices
 from ardiff.kv.storage import PagedStorage
 from ardiff.kv.table import FramePages, PageTable
 from ardiff.kv.window import WindowPolicy
@@ -43,20 +43,25 @@ class PagedKVCache(KVCacheBase):
         self.storage = PagedStorage(plan, self.device, poison)
         self.policy = WindowPolicy.from_spec(plan.spec)
         self.max_registers = plan.spec.max_scratch_tokens_per_branch if plan.register_pages else 0
+        self.slots = [self._new_slot(slot) for slot in range(plan.spec.num_local_kv_branches)]
+
+    def _new_slot(self, slot: int) -> Slot:
+        plan, spec = self.plan, self.plan.spec
         per_slot = plan.register_pages_per_branch
-        self.registers = [SlotRegisters(list(range(start, start + per_slot)),
-                                        plan.spec.num_layers)
-                          for start in range(self.pool.num_pages, plan.total_pages, per_slot or 1)]
+        first = self.pool.num_pages + slot * per_slot
+        block_tokens = spec.frames_per_block * spec.tokens_per_frame
+        read_tokens = plan.history_frames_per_branch * spec.tokens_per_frame + block_tokens
+        indices = StaticIndices(block_tokens + self.max_registers,
+                                read_tokens + self.max_registers, self.device)
+        return Slot(list(range(first, first + per_slot)), spec.num_layers, indices)
 
     def new_branch(self, session_id: str, name: str) -> PagedBranch:
-        slot = find_branch(self.spec, name).local_index
-        registers = self.registers[slot] if self.registers else SlotRegisters([], 0)
-        return PagedBranch(self, PageTable(self.policy), registers)
+        return PagedBranch(self, PageTable(self.policy), self.slots[self.branch_slots[name]])
 
     def release_branch(self, branch: PagedBranch) -> None:
         self.free_pages(branch.table.release())
-        branch.registers.forget()  # the slot's next block writes its registers afresh
-        self.storage.poison(branch.registers.page_ids)
+        branch.slot.forget()  # the slot's next block writes its registers afresh
+        self.storage.poison(branch.slot.register_pages)
 
     def allocate_pages(self, num: int, what: str) -> list[int]:
         page_ids = self.pool.allocate(num)
@@ -78,23 +83,11 @@ class PagedKVCache(KVCacheBase):
                           len(self._sessions))
 
 
-class SlotRegisters:
-    """The register pages of one local slot and, per layer, which tensors they hold now
-    (kept referenced, so their memory cannot be reused by other tensors meanwhile)."""
-
-    def __init__(self, page_ids: list[int], num_layers: int) -> None:
-        self.page_ids = page_ids
-        self.held: list[tuple | None] = [None] * num_layers  # (key, extra_k, extra_v)
-
-    def forget(self) -> None:
-        self.held = [None] * len(self.held)
-
-
 class PagedBranch:
     """One branch of one session: its page table, and the read address of its last block."""
 
-    def __init__(self, cache: PagedKVCache, table: PageTable, registers: SlotRegisters) -> None:
-        self.cache, self.table, self.registers = cache, table, registers
+    def __init__(self, cache: PagedKVCache, table: PageTable, slot: Slot) -> None:
+        self.cache, self.table, self.slot = cache, table, slot
         self._read: tuple[tuple, BlockAddress] | None = None  # (key, address) of the last block
 
     @property
@@ -115,7 +108,7 @@ class PagedBranch:
             history = self.table.visible_pages if before is None else \
                 self.table.frames_before(before)
             self._read = (key, BlockAddress(self.cache.storage, history, block_frames,
-                                            self.registers.page_ids,
+                                            self.slot.register_pages,
                                             self.cache.max_registers))
         return self._read[1]
 
@@ -143,11 +136,13 @@ class BlockAddress:
         self._history_block = storage.frames_address(history).concat(self.block)
         self._reads: dict[int, TokenAddress] = {0: self._history_block}
         self._registers: dict[int, TokenAddress] = {}
-        # What `ardiff::paged_attend` takes, per register count: built here, outside any
-        # compiled region, so a traced attend only reads existing tensors.
-        self.op_indices = {n: (self.block.index if n == 0 else torch.cat(
-            [self.block.index, self.registers(n).index]), self.read(n).index)
-            for n in range(max_registers + 1)}
+        self.max_registers = max_registers
+
+    def op_indices(self, slot: Slot) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """(write, read) index tensors of `ardiff::paged_attend` per register count: views
+        of the slot's static buffers, loaded with this address (outside any compiled code)."""
+        return slot.indices.load(self, self.block, self._history_block,
+                                 self.registers(self.max_registers))
 
     def registers(self, num_tokens: int) -> TokenAddress:
         address = self._registers.get(num_tokens)
@@ -192,7 +187,8 @@ class PagedBlock:
         self.frames: list[FramePages] = [tuple(pages[i * ppf:(i + 1) * ppf])
                                          for i in range(num_frames)]
         self.address = branch.block_address(self.frames, recache_at)
-        self.registers = branch.registers
+        self.slot = branch.slot
+        self.op_indices = self.address.op_indices(self.slot)
         self._done = False
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -221,21 +217,21 @@ class PagedBlock:
         if extra_k is not None:
             num_registers = extra_k.shape[0]
             k, v = torch.cat([k, extra_k]), torch.cat([v, extra_v])
-            self.registers.held[layer] = None  # what eager attends stored is overwritten
-        write_index, read_index = self.address.op_indices[num_registers]
+            self.slot.held[layer] = None  # what eager attends stored is overwritten
+        write_index, read_index = self.op_indices[num_registers]
         k_cache, v_cache = self.storage.flat(layer)
         return ops.paged_attend(q, k, v, k_cache, v_cache, write_index, read_index, scale)
 
     def _store_registers(self, layer: int, extra_k: torch.Tensor,
                          extra_v: torch.Tensor) -> None:
         key = register_key(extra_k, extra_v)
-        held = self.registers.held[layer]
+        held = self.slot.held[layer]
         if held is not None and held[0] == key:
             if self.storage.poison_enabled:  # the debug mode checks what it skipped
                 self._check_same(layer, extra_k, extra_v)
             return
         self.storage.write(layer, self.address.registers(extra_k.shape[0]), extra_k, extra_v)
-        self.registers.held[layer] = (key, extra_k, extra_v)
+        self.slot.held[layer] = (key, extra_k, extra_v)
 
     def _check_same(self, layer: int, extra_k: torch.Tensor, extra_v: torch.Tensor) -> None:
         kept_k, kept_v = self.storage.read(layer, self.address.registers(extra_k.shape[0]))

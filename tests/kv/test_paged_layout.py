@@ -56,8 +56,8 @@ def run_frame(states, frame, probes=2, branch="main"):
 
 def count_register_writes(cache, monkeypatch) -> list[int]:
     """Counts storage writes into register pages."""
-    register_tokens = {p * cache.plan.page_tokens + t for r in cache.registers
-                       for p in r.page_ids for t in range(cache.plan.page_tokens)}
+    register_tokens = {p * cache.plan.page_tokens + t for s in cache.slots
+                       for p in s.register_pages for t in range(cache.plan.page_tokens)}
     writes = [0]
     original = cache.storage.write
 
@@ -111,9 +111,9 @@ def test_a_released_session_leaves_no_registers_behind():
     run_frame([open_state(c, "a") for c in (paged, dense)], frame)
     for cache in (paged, dense):
         cache.release_session("a")
-    ids = torch.tensor(paged.registers[0].page_ids)
+    ids = torch.tensor(paged.slots[0].register_pages)
     assert all(torch.isnan(t[ids]).all() for t in (*paged.storage.k, *paged.storage.v))
-    assert paged.registers[0].held == [None] * LAYERS
+    assert paged.slots[0].held == [None] * LAYERS
     run_frame([open_state(c, "b") for c in (paged, dense)], frame)  # same tensors: stored again
 
 
@@ -198,3 +198,22 @@ def test_the_fast_check_path_sends_bad_arguments_to_the_full_checks(bad):
         if bad == "twice":
             blk.attend(*args)
         blk.attend(*args)
+
+
+def test_window_full_blocks_read_static_index_buffers():
+    """What `ardiff::paged_attend` reads: views of per-slot buffers, rewritten in place, with
+    one address and one shape once the window is full (what a CUDA graph needs)."""
+    paged, dense = caches(spec_())
+    states = [open_state(c, "s") for c in (paged, dense)]
+    views = []
+    for _ in range(6):
+        run_frame(states, Frame(paged.spec), probes=1)
+        with states[0].block("main") as blk:
+            kv = blk._kv
+            write, read = kv.op_indices[REGISTERS]
+            assert torch.equal(read, kv.address.read(REGISTERS).index)
+            assert torch.equal(write, torch.cat([kv.address.block.index,
+                                                 kv.address.registers(REGISTERS).index]))
+            views.append((write.data_ptr(), read.data_ptr(), read.shape))
+    full = views[2:]  # sink 1 + 2 past frames: full from the third commit on
+    assert len(set(full)) == 1, "same buffers, same shapes block after block"

@@ -44,7 +44,7 @@ def test_cache_allocates_exactly_the_plan():
     cache = create_cache(plan, "paged")
     assert plan.total_pages == cache.storage.k[0].shape[0]
     assert cache.pool.num_pages == plan.total_pages - plan.register_pages  # registers: per slot
-    assert [r.page_ids for r in cache.registers] == [list(range(cache.pool.num_pages,
+    assert [s.register_pages for s in cache.slots] == [list(range(cache.pool.num_pages,
                                                                 plan.total_pages))]
     stats = cache.stats()
     assert (stats.pages_total, stats.pages_in_use, stats.kv_bytes_allocated) == (
@@ -128,7 +128,7 @@ def test_poison_fills_free_and_evicted_pages_with_nan():
         assert _is_nan(storage, evicted)
         free = set(range(cache.pool.num_pages)) - after
         assert _is_nan(storage, free), "in-flight and evicted pages are NaN once free"
-        registers = cache.registers[0].page_ids
+        registers = cache.slots[0].register_pages
         assert not _is_nan(storage, registers), "the slot's registers stay for its next block"
         assert not any(torch.isnan(t[sorted(after)]).any() for t in storage.k), "history is data"
     assert seen_pages - after, "the window evicted something"
