@@ -110,7 +110,7 @@ class RunnerArm(Arm):
 
 class LoopArm(Arm):
     """Blocks made by a hand-written loop: `new_loop()` makes one for a fresh session, and
-    `loop.step(seed, action, num_steps)` makes its next frames."""
+    `loop.step(request)` makes its next frames from the request (a plain record here)."""
 
     def __init__(self, name: str, new_loop: Callable[[], Any], config: RunConfig,
                  spec: Any) -> None:
@@ -122,6 +122,4 @@ class LoopArm(Arm):
         self.loop = self.new_loop()
 
     def _make(self, fill: bool) -> torch.Tensor:
-        r = self.config.rollout
-        actions = self.actions()
-        return self.loop.step(r.seed, actions[0] if actions else "none", r.num_steps)
+        return self.loop.step(self.request(fill=False))

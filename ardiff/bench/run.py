@@ -30,7 +30,6 @@ from ardiff.engine.runner import Runner
 from ardiff.rollout.report import peak_rss_bytes
 from ardiff.sizes import ceil_div
 
-NO_REFERENCE = "no hand-written loop ships for this pipeline"
 NO_COMPILE = "runtime.compile is not in this build of ardiff"
 NO_COMPILE_LAYERS = "the pipeline offers no compile_layers"
 
@@ -76,17 +75,18 @@ def run_bench(config: RunConfig, blocks: int = 8, repeats: int = 3,
 
 def _measure(config: RunConfig, blocks: int, repeats: int, compiled: bool, threads: int,
              runners: dict[str, Runner], say: Callable[[str], None]) -> BenchReport:
-    unavailable = {"reference": NO_REFERENCE}
+    unavailable = {}
     why_not = _build_runners(config, compiled, runners)
     if why_not:
         unavailable["compiled"] = why_not
     plan = runners["paged"].plan
     arms: dict[str, Arm] = {name: RunnerArm(name, runner, config)
                             for name, runner in runners.items()}
-    new_loop = reference_loop(runners["paged"].pipeline, plan.spec)
-    if new_loop is not None:
+    new_loop, why_not = reference_loop(runners["paged"].pipeline, plan.spec)
+    if new_loop is None:
+        unavailable["reference"] = why_not
+    else:
         arms["reference"] = LoopArm("reference", new_loop, config, plan.spec)
-        del unavailable["reference"]
     arms = {name: arms[name] for name in ("paged", "dense", "reference", "compiled")
             if name in arms}
     report = BenchReport(blocks, repeats, threads, plan.page_bytes * plan.total_pages, arms,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ardiff.bench import current_rss_bytes, run, run_bench
+from ardiff.bench.references import NO_LOOP
 from ardiff.bench.spread import Spread, paired_ratios
 from ardiff.config.run import load_config
 
@@ -95,11 +96,24 @@ def test_the_compiled_arm_runs_beside_eager_and_its_compile_time_is_apart():
     assert data["max_abs_frame_diff"]["eager/compiled"] <= 1
 
 
-def test_a_pipeline_without_a_loop_says_so():
-    report = run_bench(load_config(TINY_DIT), blocks=1, repeats=1, encode=False,
-                       compiled=False)
-    assert report.to_dict()["unavailable"] == {"reference": run.NO_REFERENCE,
-                                               "compiled": "not asked for (--no-compile)"}
+def test_the_tiny_dit_is_measured_against_its_loop_too():
+    data = run_bench(load_config(TINY_DIT), blocks=1, repeats=1, encode=False,
+                     compiled=False).to_dict()
+    assert data["max_abs_frame_diff"]["ardiff/reference"] == 0
+    assert data["unavailable"] == {"compiled": "not asked for (--no-compile)"}
+
+
+def test_a_pipeline_without_a_loop_says_so(write_config):
+    config = write_config("""
+        pipeline:
+          entry: ardiff.pipelines.synthetic:SyntheticAttention
+          args: {num_layers: 1, num_kv_heads: 1, head_size: 8, tokens_per_frame: 4,
+                 frames_per_block: 2, window_frames: 4}
+        runtime: {memory_budget: 16MiB}
+        """)
+    data = run_bench(load_config(config), blocks=1, repeats=1, encode=False).to_dict()
+    assert data["unavailable"] == {"reference": NO_LOOP, "compiled": run.NO_COMPILE_LAYERS}
+    assert data["ratios"]["ardiff/reference"] is None and "reference" not in data["arms"]
 
 
 def test_current_rss_is_a_whole_number_of_pages():

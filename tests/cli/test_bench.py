@@ -77,6 +77,7 @@ def test_bench_table_prints_targets_and_no_encode_skips_the_encode_runs(tmp_path
     assert "paged / dense (wall)" in result.stdout and "<= 1.03" in result.stdout
     assert "paged / dense (CPU)" in result.stdout
     assert "ardiff / reference loop" in result.stdout and "hand-written" in result.stdout
+    assert "compile_layers" in result.stdout  # the synthetic pipeline cannot be compiled
     assert "encode share" not in result.stdout
     assert "start-up" in result.stdout and "250.0 ms" in result.stdout
 
