@@ -19,6 +19,7 @@ import torch
 
 from ardiff.dtypes import torch_dtype
 from ardiff.errors import KVStateError, SessionError
+from ardiff.kv import kernels
 from ardiff.kv.cross import CrossKVStore
 from ardiff.kv.plan import KVPlan
 from ardiff.kv.session import SessionKV
@@ -76,6 +77,9 @@ class KVCacheBase:
         self.torch_dtype = torch_dtype(plan.dtype)
         self.cross = CrossKVStore(plan.spec, self.torch_dtype, self.device)
         self.branch_slots = {b.name: b.local_index for b in plan.spec.kv_branches}
+        # One attention kernel for every block of this cache (ardiff.kv.kernels).
+        self.kernel_name, self.attend_fn = kernels.select(self.device, self.torch_dtype,
+                                                          plan.spec.head_size)
         self._sessions: dict[str, SessionKV] = {}
         self._open_slots: dict[int, str] = {}
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ardiff.errors import KVStateError
-from ardiff.kv import attention, ops
+from ardiff.kv import ops
 from ardiff.kv.address import TokenAddress
 from ardiff.kv.backend import CacheStats, KVCacheBase
 from ardiff.kv.plan import KVPlan
@@ -206,7 +206,7 @@ class PagedBlock:
             num_registers = extra_k.shape[0]
             self._store_registers(layer, extra_k, extra_v)
         keys, values = self.storage.gather(layer, address.read(num_registers))
-        return attention.attend(q, keys, values, scale)
+        return self.cache.attend_fn(q, keys, values, scale)
 
     def traced_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
@@ -220,7 +220,8 @@ class PagedBlock:
             self.slot.held[layer] = None  # what eager attends stored is overwritten
         write_index, read_index = self.op_indices[num_registers]
         k_cache, v_cache = self.storage.flat(layer)
-        return ops.paged_attend(q, k, v, k_cache, v_cache, write_index, read_index, scale)
+        return ops.paged_attend(q, k, v, k_cache, v_cache, write_index, read_index, scale,
+                                self.cache.kernel_name)
 
     def _store_registers(self, layer: int, extra_k: torch.Tensor,
                          extra_v: torch.Tensor) -> None:
