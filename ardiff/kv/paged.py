@@ -1,15 +1,20 @@
 """The paged KV cache: plan + page pool + page storage + per-branch page tables.
 
-    pool pages:  [ history of session A | history of B | ... | free ]
-    a block:     allocate in-flight pages -> attend writes k/v there ->
-                 commit hands them to the page table (no copy), the window
-                 evicts whole pages back to the pool; a probe gives them back.
+    storage:     [ pool pages: history of A | history of B | in flight | free ][ registers ]
+    a block:     allocate in-flight pages -> every attend writes the block's k/v there and
+                 reads [history | block | registers] with one gather per K and V (one
+                 index per block, cached until a commit changes the table) -> commit hands
+                 the pages to the page table (no copy), the window evicts whole pages back
+                 to the pool; a probe gives them back (the next block gets the same pages).
+    registers:   a fixed set of pages per local slot (ardiff.kv.slots), written once per AR
+                 block: the probes and the commit that pass the same tensors reread them.
     a recache:   the same in-flight pages -> attend writes the kept frames'
                  new k/v there -> the table swaps them in for those frames
                  and their old pages go back to the pool (abort: the new ones).
 
-The pool holds exactly the plan's `total_pages`; with nothing resident and no
-block open, every page is free.
+The storage holds exactly the plan's `total_pages`: the pool its history and in-flight
+pages, the slots its register pages. With nothing resident and no block open, every pool
+page is free.
 """
 
 from __future__ import annotations
