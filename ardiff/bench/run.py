@@ -32,6 +32,7 @@ from ardiff.sizes import ceil_div
 
 NO_COMPILE = "runtime.compile is not in this build of ardiff"
 NO_COMPILE_LAYERS = "the pipeline offers no compile_layers"
+COMPILE_ERROR_CHARS = 160  # of a failed compile's message, in the report
 
 
 def current_rss_bytes() -> int:
@@ -75,25 +76,23 @@ def run_bench(config: RunConfig, blocks: int = 8, repeats: int = 3,
 
 def _measure(config: RunConfig, blocks: int, repeats: int, compiled: bool, threads: int,
              runners: dict[str, Runner], say: Callable[[str], None]) -> BenchReport:
-    unavailable = {}
+    unavailable: dict[str, str] = {}
     why_not = _build_runners(config, compiled, runners)
     if why_not:
         unavailable["compiled"] = why_not
+    warmup_s = _warm_up(runners, unavailable, say)
     plan = runners["paged"].plan
-    arms: dict[str, Arm] = {name: RunnerArm(name, runner, config)
-                            for name, runner in runners.items()}
+    arms: dict[str, Arm] = {name: RunnerArm(name, runners[name], config)
+                            for name in ("paged", "dense")}
     new_loop, why_not = reference_loop(runners["paged"].pipeline, plan.spec)
     if new_loop is None:
         unavailable["reference"] = why_not
     else:
         arms["reference"] = LoopArm("reference", new_loop, config, plan.spec)
-    arms = {name: arms[name] for name in ("paged", "dense", "reference", "compiled")
-            if name in arms}
+    if "compiled" in runners:
+        arms["compiled"] = RunnerArm("compiled", runners["compiled"], config)
     report = BenchReport(blocks, repeats, threads, plan.page_bytes * plan.total_pages, arms,
-                         unavailable)
-    for name, runner in runners.items():
-        say(f"warmup: {name}")
-        report.warmup_s[name] = runner.warmup().total_s
+                         unavailable, warmup_s=warmup_s)
     for rep in range(repeats):
         say(f"repeat {rep + 1}/{repeats}: {', '.join(arms)}, alternating per block")
         _alternate(list(arms.values()), blocks, rep)
@@ -105,6 +104,24 @@ def _measure(config: RunConfig, blocks: int, repeats: int, compiled: bool, threa
         for arm in arms.values():
             arm.close()
     return report
+
+
+def _warm_up(runners: dict[str, Runner], unavailable: dict[str, str],
+             say: Callable[[str], None]) -> dict[str, float]:
+    """Each runner's warmup seconds. A compiled runner whose warmup (where it compiles)
+    fails is closed and dropped, and `unavailable` says why: compiling is the arm on trial."""
+    warmup_s = {}
+    for name, runner in list(runners.items()):
+        say(f"warmup: {name}")
+        try:
+            warmup_s[name] = runner.warmup().total_s
+        except Exception as exc:
+            if name != "compiled":
+                raise
+            runners.pop(name).close()
+            first_line = " ".join(str(exc).split())[:COMPILE_ERROR_CHARS]
+            unavailable[name] = f"failed: {type(exc).__name__}: {first_line}"
+    return warmup_s
 
 
 def _build_runners(config: RunConfig, compiled: bool, runners: dict[str, Runner]) -> str | None:

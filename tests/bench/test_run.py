@@ -119,3 +119,27 @@ def test_a_pipeline_without_a_loop_says_so(write_config):
 def test_current_rss_is_a_whole_number_of_pages():
     assert current_rss_bytes() % os.sysconf("SC_PAGE_SIZE") == 0
     assert current_rss_bytes() > 0
+
+
+def test_a_compiled_arm_that_fails_to_compile_is_reported_and_the_rest_is_measured(monkeypatch):
+    real_build = run._build_runners
+    failed = []
+
+    def with_a_failing_compiled_runner(config, compiled, runners):
+        real_build(config, False, runners)
+        runner = runners["compiled"] = run.build_runner(config, backend="paged")
+
+        def warmup():
+            failed.append(runner)
+            raise Boom("LoweringException: " + "x" * 500)
+
+        runner.warmup = warmup
+        return None
+
+    monkeypatch.setattr(run, "_build_runners", with_a_failing_compiled_runner)
+    data = run_bench(load_config(TINY_DIT), blocks=1, repeats=1, encode=False).to_dict()
+
+    assert data["unavailable"]["compiled"].startswith("failed: Boom: LoweringException: xxx")
+    assert len(data["unavailable"]["compiled"]) < 200 and "compiled" not in data["arms"]
+    assert data["ratios"]["paged/dense"]["wall"]["n"] == 1 and data["compile_s"] is None
+    assert failed[0]._closed  # the failed runner was closed at once
