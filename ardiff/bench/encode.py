@@ -45,20 +45,21 @@ def measure_encode(arm: RunnerArm, blocks: int, tag: str) -> EncodeRun:
     out = arm.config.output
     blocks = max(blocks, ENCODE_MIN_BLOCKS)
     kind = output_kind(str(out.path))
-    suffix, codec = (kind, out.codec) if kind in ENCODED else (DEFAULT_SUFFIX, None)
+    settings = ({"codec": out.codec, "crf": out.crf, "preset": out.preset}
+                if kind in ENCODED else {})  # else the default mp4, with its defaults
+    suffix = kind if kind in ENCODED else DEFAULT_SUFFIX
     with tempfile.TemporaryDirectory() as tmp:
         arm.open(f"encode-{tag}")
-        writer = VideoWriter(Path(tmp) / f"bench{suffix}", out.fps, codec=codec, crf=out.crf,
-                             preset=out.preset)
-        process, model, write = time.process_time(), time.thread_time(), 0.0
-        for _ in range(blocks):
-            frames = arm.advance()
-            start = time.thread_time()
-            writer.write(frames)
-            write += time.thread_time() - start
-        info = writer.close()
-        model = time.thread_time() - model
-        process = time.process_time() - process
+        with VideoWriter(Path(tmp) / f"bench{suffix}", out.fps, **settings) as writer:
+            process, model, write = time.process_time(), time.thread_time(), 0.0
+            for _ in range(blocks):
+                frames = arm.advance()
+                start = time.thread_time()
+                writer.write(frames)
+                write += time.thread_time() - start
+            info = writer.close()
+            model = time.thread_time() - model
+            process = time.process_time() - process
         arm.close()
     return EncodeRun(model, process - model, write, info.frames, info.bytes)
 
