@@ -46,7 +46,7 @@ def _runners(name: str, arms: list[str]):
     resolved = resolve(config)
     runners = {}
     for i, arm in enumerate(arms):
-        backend = arm if arm in ("paged", "dense") else None
+        backend = arm.rstrip("2") if arm.rstrip("2") in ("paged", "dense") else None
         cfg = _config(name, compile_=arm == "compiled")
         if backend is None:  # eager and compiled: a pipeline each (compiling changes it)
             runners[arm] = build_runner(cfg)
@@ -70,6 +70,7 @@ def measure(name: str, blocks: int, arms: list[str]) -> dict:
     spec = next(iter(runners.values())).plan.spec
     fill = -(-(spec.sink_frames + spec.window_frames) // spec.frames_per_block) + 4
     times: dict[str, list[float]] = {arm: [] for arm in arms}
+    cpu: dict[str, list[float]] = {arm: [] for arm in arms}  # thread CPU: load-proof
     compile_s = {}
     for arm, runner in runners.items():
         start = time.perf_counter()
@@ -79,13 +80,17 @@ def measure(name: str, blocks: int, arms: list[str]) -> dict:
     for i in range(fill, fill + blocks):
         order = arms if i % 2 == 0 else arms[::-1]
         for arm in order:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.thread_time()
             runners[arm].execute(_request(config, name, i))
             times[arm].append(time.perf_counter() - start)
+            cpu[arm].append(time.thread_time() - start_cpu)
     ratios = sorted(a / b for a, b in zip(times[arms[0]], times[arms[1]]))
-    q = statistics.quantiles(ratios, n=10)
+    cpu_ratios = sorted(a / b for a, b in zip(cpu[arms[0]], cpu[arms[1]]))
+    q, q_cpu = statistics.quantiles(ratios, n=10), statistics.quantiles(cpu_ratios, n=10)
     return {"config": name, "ratio": f"{arms[0]}/{arms[1]}", "blocks": blocks,
             "median": statistics.median(ratios), "p10": q[0], "p90": q[-1],
+            "cpu_median": statistics.median(cpu_ratios), "cpu_p10": q_cpu[0],
+            "cpu_p90": q_cpu[-1],
             "ms": {arm: 1000 * statistics.median(t) for arm, t in times.items()},
             "fill_s": compile_s}  # the first blocks: compile time for a compiled arm
 
@@ -102,7 +107,9 @@ def main() -> None:
     result = measure(args.config, args.blocks, args.arms.split(","))
     ms = ", ".join(f"{arm} {v:.2f} ms" for arm, v in result["ms"].items())
     print(f"{result['config']:8s} {result['ratio']}: median {result['median']:.3f} "
-          f"(p10 {result['p10']:.3f}, p90 {result['p90']:.3f}) over {result['blocks']} pairs; "
+          f"(p10 {result['p10']:.3f}, p90 {result['p90']:.3f}); thread CPU median "
+          f"{result['cpu_median']:.3f} (p10 {result['cpu_p10']:.3f}, p90 "
+          f"{result['cpu_p90']:.3f}) over {result['blocks']} pairs; "
           f"{ms}; first {fill_blocks(result)} s; load {' '.join(load)}")
 
 

@@ -2,11 +2,11 @@
 whole: `torch.compile` sees one opaque call over tensors, not ardiff's Python.
 
     ardiff::paged_attend(q, k, v, k_cache, v_cache, write_index, read_index, scale,
-                         kernel) -> out
+                         kernel_name) -> out
         k_cache, v_cache: [pages * page_tokens, kv_heads, head_size]   one layer's storage
         write_index: [n]   flat token ids where k, v [n, kv_heads, hs] are stored (mutated)
         read_index:  [m]   flat token ids attention reads: [history | block | registers]
-        kernel: the name of the cache's attention kernel (ardiff.kv.kernels)
+        kernel_name: the name of the cache's attention kernel (ardiff.kv.kernels)
         out: [q_tokens, q_heads, head_size]
 
 Every shape is fixed by the block (its frames, the history it sees, its register count),
@@ -26,16 +26,17 @@ from ardiff.kv import kernels
 @torch.library.custom_op("ardiff::paged_attend", mutates_args=("k_cache", "v_cache"))
 def paged_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, write_index: torch.Tensor, read_index: torch.Tensor,
-                 scale: float | None = None, kernel: str = "sdpa") -> torch.Tensor:
+                 scale: float | None = None, kernel_name: str = "sdpa") -> torch.Tensor:
     """Store k/v at `write_index`, then attend q to the tokens at `read_index`."""
     k_cache.index_copy_(0, write_index, k)
     v_cache.index_copy_(0, write_index, v)
     keys = k_cache.index_select(0, read_index)
     values = v_cache.index_select(0, read_index)
-    return kernels.by_name(kernel)(q, keys, values, scale).contiguous()
+    # (not `kernel`: inductor passes its own argument of that name to a fallback op)
+    return kernels.by_name(kernel_name)(q, keys, values, scale).contiguous()
 
 
 @paged_attend.register_fake
 def _paged_attend_fake(q, k, v, k_cache, v_cache, write_index, read_index, scale=None,
-                       kernel="sdpa"):
+                       kernel_name="sdpa"):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
