@@ -94,6 +94,7 @@ class PagedBranch:
     def __init__(self, cache: PagedKVCache, table: PageTable, slot: Slot) -> None:
         self.cache, self.table, self.slot = cache, table, slot
         self._read: tuple[tuple, BlockAddress] | None = None  # (key, address) of the last block
+        self._visible: tuple[int, list[int]] = (-1, [])        # (table version, frames)
 
     @property
     def num_committed_frames(self) -> int:
@@ -102,6 +103,12 @@ class PagedBranch:
     @property
     def kept_frames(self) -> list[int]:
         return self.table.visible_frames
+
+    def visible_frames(self) -> list[int]:
+        """The table's visible frames, rebuilt only when the table changed (read-only)."""
+        if self._visible[0] != self.table.version:
+            self._visible = (self.table.version, self.table.visible_frames)
+        return self._visible[1]
 
     def block_address(self, block_frames: list[FramePages],
                       before: int | None = None) -> BlockAddress:
@@ -181,7 +188,7 @@ class PagedBlock:
         cache, plan = branch.cache, branch.cache.plan
         self.cache, self.table, self.storage = cache, branch.table, cache.storage
         self.recache_at = recache_at
-        kept = branch.table.visible_frames
+        kept = branch.visible_frames()
         if recache_at is None:
             self.start_frame, self.visible_frames = branch.table.num_committed_frames, kept
         else:
@@ -230,14 +237,12 @@ class PagedBlock:
 
     def _store_registers(self, layer: int, extra_k: torch.Tensor,
                          extra_v: torch.Tensor) -> None:
-        key = register_key(extra_k, extra_v)
-        held = self.slot.held[layer]
-        if held is not None and held[0] == key:
+        if self.slot.holds(layer, extra_k, extra_v):
             if self.storage.poison_enabled:  # the debug mode checks what it skipped
                 self._check_same(layer, extra_k, extra_v)
             return
         self.storage.write(layer, self.address.registers(extra_k.shape[0]), extra_k, extra_v)
-        self.slot.held[layer] = (key, extra_k, extra_v)
+        self.slot.hold(layer, extra_k, extra_v)
 
     def _check_same(self, layer: int, extra_k: torch.Tensor, extra_v: torch.Tensor) -> None:
         kept_k, kept_v = self.storage.read(layer, self.address.registers(extra_k.shape[0]))
@@ -265,14 +270,3 @@ class PagedBlock:
         # Freed last-first, so the next block gets the same pages in the same order (the pool
         # reuses the last freed first) and its addresses are the cached ones.
         self.cache.free_pages(page_ids[::-1])
-
-
-def register_key(extra_k: torch.Tensor, extra_v: torch.Tensor) -> tuple:
-    """What identifies register tokens between attends of one block: memory, shape, strides
-    and, where torch tracks it (not for inference tensors), the version counter."""
-    return (_identity(extra_k), _identity(extra_v))
-
-
-def _identity(t: torch.Tensor) -> tuple:
-    version = None if t.is_inference() else t._version
-    return (t.data_ptr(), t.shape, t.stride(), t.dtype, version)
