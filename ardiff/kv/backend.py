@@ -48,7 +48,9 @@ class BranchKV(Protocol):
     num_committed_frames: int
     kept_frames: list[int]  # absolute indices of the frames held now, in order
 
-    def begin(self, num_frames: int) -> BlockKV: ...
+    def begin(self, num_frames: int, commit: bool = True) -> BlockKV:
+        """A block; `commit=False` marks a probe, which the state never commits."""
+        ...
 
     def begin_recache(self, start_frame: int, num_frames: int) -> BlockKV: ...
 

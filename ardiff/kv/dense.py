@@ -49,7 +49,7 @@ class DenseBranch:
     def kept_frames(self) -> list[int]:
         return list(self.frames)
 
-    def begin(self, num_frames: int) -> DenseBlock:
+    def begin(self, num_frames: int, commit: bool = True) -> DenseBlock:
         return DenseBlock(self, num_frames)
 
     def begin_recache(self, start_frame: int, num_frames: int) -> DenseRecache:

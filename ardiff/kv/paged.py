@@ -1,13 +1,16 @@
 """The paged KV cache: plan + page pool + page storage + per-branch page tables.
 
     storage:     [ pool pages: history of A | history of B | in flight | free ][ registers ]
-    a block:     allocate in-flight pages -> every attend writes the block's k/v there and
-                 reads [history | block | registers] with one gather per K and V (one
-                 index per block, cached until a commit changes the table) -> commit hands
-                 the pages to the page table (no copy), the window evicts whole pages back
-                 to the pool; a probe gives them back (the next block gets the same pages).
-    registers:   a fixed set of pages per local slot (ardiff.kv.slots), written once per AR
-                 block: the probes and the commit that pass the same tensors reread them.
+    a block:     allocate in-flight pages -> every attend reads [history | its k/v |
+                 registers] as one `torch.cat` of views of the history's stretches of
+                 storage (the dense reference's one concatenation; no gather), a commit's
+                 attend also writes the block's k/v to its in-flight pages -> commit hands
+                 them to the page table (no copy), the window evicts whole pages back to the
+                 pool; a probe writes nothing and gives them back (the next block gets the
+                 same pages, so its cached addresses and views hold).
+    registers:   never stored by the eager path (they join the concatenation as they
+                 come); `ardiff::paged_attend`, which reads only storage, stores them in a
+                 fixed set of register pages per local slot (ardiff.kv.slots).
     a recache:   the same in-flight pages -> attend writes the kept frames'
                  new k/v there -> the table swaps them in for those frames
                  and their old pages go back to the pool (abort: the new ones).
@@ -58,14 +61,14 @@ class PagedKVCache(KVCacheBase):
         read_tokens = plan.history_frames_per_branch * spec.tokens_per_frame + block_tokens
         indices = StaticIndices(block_tokens + self.max_registers,
                                 read_tokens + self.max_registers, self.device)
-        return Slot(list(range(first, first + per_slot)), spec.num_layers, indices)
+        return Slot(list(range(first, first + per_slot)), indices)
 
     def new_branch(self, session_id: str, name: str) -> PagedBranch:
         return PagedBranch(self, PageTable(self.policy), self.slots[self.branch_slots[name]])
 
     def release_branch(self, branch: PagedBranch) -> None:
         self.free_pages(branch.table.release())
-        branch.slot.forget()  # the slot's next block writes its registers afresh
+        branch.slot.forget()
         self.storage.poison(branch.slot.register_pages)
 
     def allocate_pages(self, num: int, what: str) -> list[int]:
@@ -124,8 +127,8 @@ class PagedBranch:
                                             self.cache.max_registers))
         return self._read[1]
 
-    def begin(self, num_frames: int) -> PagedBlock:
-        return PagedBlock(self, num_frames)
+    def begin(self, num_frames: int, commit: bool = True) -> PagedBlock:
+        return PagedBlock(self, num_frames, commits=commit)
 
     def begin_recache(self, start_frame: int, num_frames: int) -> PagedBlock:
         return PagedBlock(self, num_frames, recache_at=start_frame)
@@ -134,21 +137,34 @@ class PagedBranch:
 class BlockAddress:
     """A block's addresses in the storage:
 
-        read(n):  [visible history | the block | n register tokens]   one gather per K and V
-        block:    the block's in-flight pages (every attend writes its k/v there)
-        registers(n): the first n tokens of the register pages
+        history_kv(layer): the visible history's K and V, as views of its stretches of
+                  storage (or, past MAX_VIEW_RUNS stretches, one gather)
+        block:    the block's in-flight pages (a commit writes its k/v there)
+        read(n):  [visible history | the block | n register tokens]: what the custom op reads
     """
 
     def __init__(self, storage: PagedStorage, history: list[FramePages],
                  frames: list[FramePages], register_pages: list[int],
                  max_registers: int) -> None:
         self.storage, self.register_pages = storage, register_pages
+        self.history = storage.frames_address(history)
         self.block = storage.frames_address(frames)
         self.block_views = storage.write_views(self.block)  # per layer, None: by index
-        self._history_block = storage.frames_address(history).concat(self.block)
+        self._history_block = self.history.concat(self.block)
+        self._history_views: dict[int, tuple[list, list] | None] = {}  # per layer
         self._reads: dict[int, TokenAddress] = {0: self._history_block}
         self._registers: dict[int, TokenAddress] = {}
         self.max_registers = max_registers
+
+    def history_kv(self, layer: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Layer `layer`'s history K and V as lists of tensors to concatenate, in order."""
+        if layer not in self._history_views:
+            self._history_views[layer] = self.storage.views(layer, self.history)
+        views = self._history_views[layer]
+        if views is not None:
+            return views
+        keys, values = self.storage.gather(layer, self.history)
+        return [keys], [values]
 
     def op_indices(self, slot: Slot) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """(write, read) index tensors of `ardiff::paged_attend` per register count: views
@@ -174,18 +190,16 @@ class BlockAddress:
 class PagedBlock:
     """A block in flight: its pages, and the storage addresses it writes and reads through.
 
-    Every attend writes the block's k/v into its in-flight pages and reads [history |
-    block | registers] with one gather per K and V. Register tokens live in the slot's
-    register pages and are written once per AR block: a later attend of the layer (the
-    next probe, the commit) that passes the same tensors (the same memory, shape and
-    strides; the same version where torch tracks one) reads what is stored.
+    Every attend reads [history | k/v | registers] by one concatenation; a commit's attend
+    (`commits`) first stores the block's k/v in its in-flight pages, a probe's does not.
 
     With `recache_at` set it re-commits kept frames `recache_at, ...` instead of appending:
     it sees the kept frames before them, and its commit swaps its pages in for theirs."""
 
     def __init__(self, branch: PagedBranch, num_frames: int,
-                 recache_at: int | None = None) -> None:
+                 recache_at: int | None = None, commits: bool = True) -> None:
         cache, plan = branch.cache, branch.cache.plan
+        self.commits = commits
         self.cache, self.table, self.storage = cache, branch.table, cache.storage
         self.recache_at = recache_at
         kept = branch.visible_frames()
@@ -207,18 +221,19 @@ class PagedBlock:
                extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
                scale: float | None) -> torch.Tensor:
         address = self.address
-        views = address.block_views[layer]
-        if views is None:
-            self.storage.write(layer, address.block, k, v)
-        else:  # the block is one stretch of storage: two plain copies
-            views[0].copy_(k)
-            views[1].copy_(v)
-        num_registers = 0
+        if self.commits:  # what becomes history goes to the in-flight pages; a probe's not
+            views = address.block_views[layer]
+            if views is None:
+                self.storage.write(layer, address.block, k, v)
+            else:
+                views[0].copy_(k)
+                views[1].copy_(v)
+        keys, values = address.history_kv(layer)
+        keys, values = [*keys, k], [*values, v]
         if extra_k is not None:
-            num_registers = extra_k.shape[0]
-            self._store_registers(layer, extra_k, extra_v)
-        keys, values = self.storage.gather(layer, address.read(num_registers))
-        return self.cache.attend_fn(q, keys, values, scale)
+            keys.append(extra_k)
+            values.append(extra_v)
+        return self.cache.attend_fn(q, torch.cat(keys), torch.cat(values), scale)
 
     def traced_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
@@ -229,28 +244,10 @@ class PagedBlock:
         if extra_k is not None:
             num_registers = extra_k.shape[0]
             k, v = torch.cat([k, extra_k]), torch.cat([v, extra_v])
-            self.slot.held[layer] = None  # what eager attends stored is overwritten
         write_index, read_index = self.op_indices[num_registers]
         k_cache, v_cache = self.storage.flat(layer)
         return ops.paged_attend(q, k, v, k_cache, v_cache, write_index, read_index, scale,
                                 self.cache.kernel_name)
-
-    def _store_registers(self, layer: int, extra_k: torch.Tensor,
-                         extra_v: torch.Tensor) -> None:
-        if self.slot.holds(layer, extra_k, extra_v):
-            if self.storage.poison_enabled:  # the debug mode checks what it skipped
-                self._check_same(layer, extra_k, extra_v)
-            return
-        self.storage.write(layer, self.address.registers(extra_k.shape[0]), extra_k, extra_v)
-        self.slot.hold(layer, extra_k, extra_v)
-
-    def _check_same(self, layer: int, extra_k: torch.Tensor, extra_v: torch.Tensor) -> None:
-        kept_k, kept_v = self.storage.read(layer, self.address.registers(extra_k.shape[0]))
-        if not (torch.equal(kept_k, extra_k) and torch.equal(kept_v, extra_v)):
-            raise KVStateError(f"attend(layer={layer}): extra_k/extra_v were changed in place "
-                               f"after an earlier attend stored them; register tokens are "
-                               f"stored once and reread while the same tensors come: pass new "
-                               f"tensors when they change")
 
     def commit(self) -> None:
         """Hand the in-flight pages to the table; free what the window evicts (a recache:

@@ -1,7 +1,8 @@
 """What a local slot keeps from one block to the next (one block is in flight per slot):
 
-    Slot.register_pages   the slot's register pages (the last pages of the storage)
-    Slot.held             per layer, the register tensors those pages hold now
+    Slot.register_pages   the slot's register pages (the last pages of the storage), where
+                          `ardiff::paged_attend` stores register tokens (the eager path
+                          concatenates them as they come and stores none)
     Slot.indices          static index buffers `ardiff::paged_attend` reads, updated in place
 
     write buffer  [ block tokens        | register tokens (max) ]     write(n) = first b + n
@@ -45,38 +46,13 @@ class StaticIndices:
 
 
 class Slot:
-    """Register pages, the register tensors they hold per layer, and the static indices."""
+    """Register pages and the static indices of one local slot."""
 
-    def __init__(self, register_pages: list[int], num_layers: int,
-                 indices: StaticIndices) -> None:
+    def __init__(self, register_pages: list[int], indices: StaticIndices) -> None:
         self.register_pages = register_pages
-        self.held: list[tuple | None] = [None] * num_layers  # see `hold`
         self.indices = indices
 
-    def holds(self, layer: int, extra_k: torch.Tensor, extra_v: torch.Tensor) -> bool:
-        """Whether the register pages hold these tensors for `layer`: the same memory,
-        count and strides (dtype and head shape are checked by `attend`), and, where torch
-        tracks one (not for inference tensors), the same version. Held tensors stay
-        referenced, so no other tensor can take their memory meanwhile."""
-        held = self.held[layer]
-        return (held is not None and held[0] == extra_k.data_ptr()
-                and held[1] == extra_v.data_ptr() and held[2] == extra_k.shape[0]
-                and held[3] == extra_k.stride() and held[4] == extra_v.stride()
-                and (held[5] is None or held[5] == extra_k._version)
-                and (held[6] is None or held[6] == extra_v._version))
-
-    def hold(self, layer: int, extra_k: torch.Tensor, extra_v: torch.Tensor) -> None:
-        """Record that the register pages of `layer` now hold these tensors."""
-        self.held[layer] = (extra_k.data_ptr(), extra_v.data_ptr(), extra_k.shape[0],
-                            extra_k.stride(), extra_v.stride(), _version(extra_k),
-                            _version(extra_v), extra_k, extra_v)
-
     def forget(self) -> None:
-        """Drop what the register pages were known to hold (their session is gone)."""
-        self.held = [None] * len(self.held)
+        """Drop what the buffers were known to hold (their session is gone)."""
         self.indices.owner = None
 
-
-def _version(t: torch.Tensor) -> int | None:
-    """The in-place version counter, or None for an inference tensor (it has none)."""
-    return None if t.is_inference() else t._version

@@ -168,7 +168,7 @@ class KVState:
         history = self._session.branch(branch)
         self._cache.open_slot(slot, branch)
         try:
-            kv = history.begin(num_frames)
+            kv = history.begin(num_frames, commit)
             yield from self._run(Block(self, branch, kv, num_frames, commit), kv)
         finally:
             self._cache.close_slot(slot)

@@ -20,6 +20,9 @@ from ardiff.kv.plan import KVPlan
 # (measured: a 1560-token Wan frame gathers ~2.5x faster by slices than by index_select).
 RUN_COPY_MIN_ELEMENTS = 1 << 16
 ADDRESS_CACHE_SIZE = 256  # memoised frame addresses; cleared when full
+# Up to this many stretches, the history is read as views (concatenated with the block's
+# k/v by one `torch.cat`, as the dense reference does); past it, by one gather.
+MAX_VIEW_RUNS = 32
 
 
 class PagedStorage:
@@ -72,6 +75,16 @@ class PagedStorage:
         start, length = address.runs[0]
         return [(k.narrow(0, start, length), v.narrow(0, start, length))
                 for k, v in self._flat_views]
+
+    def views(self, layer: int, address: TokenAddress
+              ) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+        """Layer `layer`'s K and V at `address` as views of their stretches, in order (None
+        past MAX_VIEW_RUNS stretches: gather instead)."""
+        if len(address.runs) > MAX_VIEW_RUNS:
+            return None
+        k, v = self._flat_views[layer]
+        return ([k.narrow(0, start, length) for start, length in address.runs],
+                [v.narrow(0, start, length) for start, length in address.runs])
 
     def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `layer`'s K and V as [pages * page_tokens, heads, head_size] (views)."""

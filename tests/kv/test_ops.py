@@ -81,6 +81,22 @@ def test_a_compiled_layer_stack_equals_eager(backend, compiler):
     assert [s.num_committed_frames("main") for s in states] == [4, 4]
 
 
+def test_the_op_stores_registers_in_the_slot_pages_until_the_session_goes():
+    torch._dynamo.reset()
+    spec = make_spec(num_layers=1, num_kv_heads=HEADS, head_size=HS, tokens_per_frame=TPF,
+                     frames_per_block=1, window_frames=2, registers=2)
+    cache = create_cache(plan_for(spec, page_tokens=TPF), "paged", poison=True)
+    state = open_state(cache, "s")
+    q, k, rk = (torch.randn(n, HEADS, HS) for n in (TPF, TPF, 2))
+    attend = torch.compile(lambda blk: blk.attend(0, q, k, k, rk, rk), backend="aot_eager")
+    with state.block("main", commit=True) as blk:
+        attend(blk)
+    pages = torch.tensor(cache.slots[0].register_pages)
+    assert torch.equal(cache.storage.k[0][pages].flatten(0, 1)[:2], rk)
+    cache.release_session("s")
+    assert torch.isnan(cache.storage.k[0][pages]).all(), "released: poisoned again"
+
+
 def test_a_compiled_commit_still_must_attend_every_layer():
     torch._dynamo.reset()
     spec = make_spec(num_layers=LAYERS, num_kv_heads=HEADS, head_size=HS, tokens_per_frame=TPF,
