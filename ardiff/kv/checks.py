@@ -56,8 +56,17 @@ class TensorChecks:
 
     def _same(self, *tensors: torch.Tensor) -> bool:
         """Every tensor a torch.Tensor of the runtime dtype on the runtime device."""
-        return all(type(t) is torch.Tensor and t.dtype == self.dtype and t.device == self.device
-                   for t in tensors)
+        dtype, on_device = self.dtype, self._on_device
+        for t in tensors:
+            if not (type(t) is torch.Tensor and t.dtype == dtype and on_device(t)):
+                return False
+        return True
+
+    def _on_device(self, t: torch.Tensor) -> bool:
+        """On the runtime device (cheaper than building `t.device`)."""
+        if self.device.type == "cpu":
+            return t.is_cpu
+        return t.device == self.device
 
     def tensor(self, layer: int, label: str, t: object) -> torch.Tensor:
         if not isinstance(t, torch.Tensor):

@@ -124,6 +124,42 @@ class Block:
                                f"layer once")
 
 
+class BlockScope:
+    """The `with` of `state.block(...)`: entering checks and opens the block (claiming the
+    slot), leaving commits it (a clean commit) or gives it back (a probe, an exception).
+    A class rather than a generator: it runs five times per AR block of a 4-step model."""
+
+    __slots__ = ("state", "branch", "commit", "num_frames", "slot", "kv", "blk")
+
+    def __init__(self, state: KVState, branch: str, commit: bool,
+                 num_frames: int | None) -> None:
+        self.state, self.branch, self.commit, self.num_frames = state, branch, commit, num_frames
+
+    def __enter__(self) -> Block:
+        state, branch = self.state, self.branch
+        state.check_open()
+        num_frames = state._check_num_frames(self.num_frames)
+        slot = state._session.check_slot(branch)
+        state._check_positions(branch, num_frames)  # before the slot is claimed: all or nothing
+        history = state._session.branch(branch)
+        state._cache.open_slot(slot, branch)
+        try:
+            self.kv = history.begin(num_frames, self.commit)
+        except BaseException:
+            state._cache.close_slot(slot)
+            raise
+        self.slot = slot
+        self.blk = Block(state, branch, self.kv, num_frames, self.commit)
+        return self.blk
+
+    def __exit__(self, exc_type, exc, traceback) -> bool:
+        try:
+            self.state._finish(self.blk, self.kv, failed=exc_type is not None)
+        finally:
+            self.state._cache.close_slot(self.slot)
+        return False
+
+
 def open_state(cache: KVCacheBase, session_id: str) -> KVState:
     """A state over `session_id`, opening the session if it is new (capacity permitting)."""
     return KVState(cache, cache.open_session(session_id))
@@ -157,21 +193,11 @@ class KVState:
         self._session.check_slot(branch)
         return self._session.num_committed_frames(branch)
 
-    @contextlib.contextmanager
     def block(self, branch: str, commit: bool = False,
-              num_frames: int | None = None) -> Iterator[Block]:
-        """Open a block on `branch`; with `commit=True` its K/V become history on a clean exit."""
-        self.check_open()
-        num_frames = self._check_num_frames(num_frames)
-        slot = self._session.check_slot(branch)
-        self._check_positions(branch, num_frames)  # before the slot is claimed: all or nothing
-        history = self._session.branch(branch)
-        self._cache.open_slot(slot, branch)
-        try:
-            kv = history.begin(num_frames, commit)
-            yield from self._run(Block(self, branch, kv, num_frames, commit), kv)
-        finally:
-            self._cache.close_slot(slot)
+              num_frames: int | None = None) -> BlockScope:
+        """Open a block on `branch`; with `commit=True` its K/V become history on a clean exit.
+        A context manager: nothing happens until its `with` is entered."""
+        return BlockScope(self, branch, commit, num_frames)
 
     @contextlib.contextmanager
     def recache(self, branch: str, start_frame: int,
@@ -201,6 +227,22 @@ class KVState:
             yield
         finally:
             self._cache.close_slot(slot)
+
+    def _finish(self, blk: Block, kv: BlockKV, failed: bool) -> None:
+        """End a block: commit it on a clean exit (if it commits), else give it back."""
+        try:
+            if not failed and blk.is_commit:
+                self.check_open()  # a released session's table must not take pages
+                blk.check_complete()
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            blk.finish()
+            if failed:
+                kv.abort()
+        if not failed:
+            kv.commit() if blk.is_commit else kv.abort()
 
     def _run(self, blk: Block, kv: BlockKV) -> Iterator[Block]:
         """Yield the block; on a clean exit commit it (if it commits), else give it back."""
