@@ -92,7 +92,15 @@ class SpecReport:
 def inspect_spec(config: RunConfig) -> SpecReport:
     """Build the pipeline (no `load`), validate its spec and plan it; allocate nothing."""
     resolved = resolve(config)
-    return SpecReport(resolved.declared, resolved.plan(_free_bytes_for_dry_run(config)))
+    return SpecReport(resolved.declared, resolved.plan(
+        _free_bytes_for_dry_run(config), stores_registers(config, config.runtime.kv.backend)))
+
+
+def stores_registers(config: RunConfig, backend: str) -> bool:
+    """Whether the cache keeps register tokens in pages: only the paged cache under
+    `runtime.compile`, whose `ardiff::paged_attend` reads nothing but pages (the eager
+    paths and the dense cache concatenate them as they come)."""
+    return backend == "paged" and config.runtime.compile
 
 
 def _free_bytes_for_dry_run(config: RunConfig) -> int:
@@ -130,7 +138,7 @@ def build_runner(config: RunConfig, resolved: ResolvedPipeline | None = None,
     backend = backend or kv.backend
     free_bytes = free_memory_bytes(device)
     check_budget_fits(config.runtime.memory_budget, free_bytes, device)
-    plan = resolved.plan(free_bytes, stores_registers=backend == "paged")
+    plan = resolved.plan(free_bytes, stores_registers=stores_registers(config, backend))
     return Runner(resolved.pipeline, _allocate(plan, backend, device, kv.poison), device)
 
 

@@ -244,6 +244,10 @@ class PagedBlock:
         if extra_k is not None:
             num_registers = extra_k.shape[0]
             k, v = torch.cat([k, extra_k]), torch.cat([v, extra_v])
+        if num_registers not in self.op_indices:
+            raise KVStateError("attend: a compiled layer stack passed register tokens to a "
+                               "cache planned without register pages; build the runner with "
+                               "runtime.compile: true (it plans them)")
         write_index, read_index = self.op_indices[num_registers]
         k_cache, v_cache = self.storage.flat(layer)
         return ops.paged_attend(q, k, v, k_cache, v_cache, write_index, read_index, scale,
