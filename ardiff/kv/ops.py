@@ -6,7 +6,8 @@ whole: `torch.compile` sees one opaque call over tensors, not ardiff's Python.
         k_cache, v_cache: [pages * page_tokens, kv_heads, head_size]   one layer's storage
         write_index: [n]   flat token ids where k, v [n, kv_heads, hs] are stored (mutated)
         read_index:  [m]   flat token ids attention reads: [history | block | registers]
-        kernel_name: the name of the cache's attention kernel (ardiff.kv.kernels)
+        kernel_name: the name of the cache's attention kernel (ardiff.kv.kernels); not
+                 `kernel`, which inductor passes to a fallback op itself
         out: [q_tokens, q_heads, head_size]
 
 Every shape is fixed by the block (its frames, the history it sees, its register count),
@@ -32,7 +33,6 @@ def paged_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: tor
     v_cache.index_copy_(0, write_index, v)
     keys = k_cache.index_select(0, read_index)
     values = v_cache.index_select(0, read_index)
-    # (not `kernel`: inductor passes its own argument of that name to a fallback op)
     return kernels.by_name(kernel_name)(q, keys, values, scale).contiguous()
 
 
