@@ -1,10 +1,10 @@
-"""`ardiff bench CONFIG`: paged vs dense, side by side, with the targets printed beside the numbers."""
+"""`ardiff bench CONFIG`: the arms side by side, paired per block, with targets beside the numbers."""
 
 from __future__ import annotations
 
 import json
+import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -13,8 +13,10 @@ from pathlib import Path
 import typer
 
 from ardiff.errors import EXIT_FAILED
-from ardiff_cli import bench_preview, options, picture, render, signals
+from ardiff_cli import options, picture, signals
 from ardiff_cli.errors import handle_errors
+
+STARTUP_RUNS = 5
 
 
 def _parse_sweep(value: str | None) -> list[int]:
@@ -30,29 +32,41 @@ def _parse_sweep(value: str | None) -> list[int]:
     return frames
 
 
-def startup_seconds(args: list[str], runs: int = 3) -> float | None:
-    """Median wall time of `ardiff ARGS` in a fresh process (what a shell script pays);
-    None when no installed `ardiff` script is found."""
+def startup_seconds(args: list[str], runs: int = STARTUP_RUNS) -> dict[str, list[float]] | None:
+    """Wall times of `ardiff ARGS` in fresh processes (what a shell script pays) and the CPU
+    time (user + system) each one used, which machine load moves less; None when no
+    installed `ardiff` script is found."""
     beside = Path(sys.executable).parent / "ardiff"
     exe = str(beside) if beside.exists() else shutil.which("ardiff")
     if exe is None:
         return None
-    times = []
+    times: dict[str, list[float]] = {"wall": [], "cpu": []}
     for _ in range(runs):
-        start = time.perf_counter()
+        cpu, start = _children_cpu_s(), time.perf_counter()
         subprocess.run([exe, *args], capture_output=True, check=False)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        times["wall"].append(time.perf_counter() - start)
+        times["cpu"].append(_children_cpu_s() - cpu)
+    return times
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def bench_command(
-    config: Path = options.ConfigArg,
-    blocks: int = typer.Option(4, "--blocks", min=1, help="Timed blocks per repeat and backend."),
-    repeats: int = typer.Option(3, "--repeats", min=1, help="Alternating repeats (A B A B ...)."),
+    config: Path = options.OptionalConfigArg,
+    blocks: int = typer.Option(8, "--blocks", min=1, help="Timed blocks per repeat and arm."),
+    repeats: int = typer.Option(3, "--repeats", min=1,
+                                help="Repeats, each on fresh sessions with a filled window."),
     sweep_frames: str = typer.Option(None, "--sweep-frames", metavar="N,N,...",
                                      help="Rollout lengths for the pages/RSS sweep, e.g. 100,1000."),
-    no_encode: bool = typer.Option(False, "--no-encode", help="Skip the encode-overhead runs "
-                                   "(at least 32 blocks per arm: long on big geometries)."),
+    no_encode: bool = typer.Option(False, "--no-encode", help="Skip the encode-share runs "
+                                   "(at least 32 blocks per repeat: long on big geometries)."),
+    no_compile: bool = typer.Option(False, "--no-compile",
+                                    help="Skip the compiled arm (runtime.compile)."),
+    threads: int = typer.Option(1, "--threads", min=1, help="Torch intra-op threads."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print the table as Markdown."),
     workers: int = typer.Option(None, "--workers", min=2, metavar="N",
                                 help="Instead: the job on 1 worker against N (ardiff.parallel)."),
     overrides: options.OverrideList = options.SetOpt,
@@ -64,10 +78,13 @@ def bench_command(
                               "latency, KV pages, RSS, frames (.png .svg .html)."),
     debug: bool = options.DebugOpt,
 ) -> None:
-    """Measure the paged KV runtime against the dense reference on one pipeline.
+    """Measure ardiff side by side: paged vs dense, vs a hand-written loop, eager vs compiled
+    (no CONFIG: the embedded default).
 
-    `--json PATH` is checked before anything runs. SIGINT, SIGTERM and SIGHUP stop the
-    measurements at once (no numbers are written): exit 130.
+    The arms alternate block by block; ratios are paired per block (median, p10-p90), with
+    the model thread's CPU time beside wall time. `--json PATH` is checked before anything
+    runs. SIGINT, SIGTERM and SIGHUP stop the measurements at once (no numbers are
+    written): exit 130.
     """
     sweep = _parse_sweep(sweep_frames)
     with signals.StopSignals() as stop_signals:
@@ -75,6 +92,8 @@ def bench_command(
             options.check_json_path(json_path, config)
             drawing = picture.RunPicture(plot, "--plot")
             from ardiff.bench import run_bench  # imports torch
+            from ardiff_cli import bench_preview
+            from ardiff.bench.spread import Spread
             from ardiff.config.run import load_config
 
             run_config = load_config(config, list(overrides or []))
@@ -84,22 +103,47 @@ def bench_command(
                 return speedup.run(run_config, workers, repeats, json_path)
             say = lambda msg: print(f"bench: {msg}", file=sys.stderr)  # noqa: E731
             report = run_bench(run_config, blocks, repeats, sweep, encode=not no_encode,
+                               compiled=not no_compile, threads=threads,
                                on_progress=say)
             data = report.to_dict()
             data.update(bench_preview.run_extras(run_config, repeats, preview, drawing, say))
-            data["startup_s"] = {"help": startup_seconds(["--help"]),
-                                 "inspect_spec": startup_seconds(["inspect-spec", str(config)])}
+            print("bench: start-up", file=sys.stderr)
+            spec_path = _config_file(config)
+            data["startup_s"] = {
+                name: None if times is None else {kind: Spread.of(values).to_dict()
+                                                  for kind, values in times.items()}
+                for name, times in (("help", startup_seconds(["--help"])),
+                                    ("inspect_spec", spec_path and startup_seconds(
+                                        ["inspect-spec", spec_path])))}
         stop_signals.hold()  # the numbers are written whatever comes now
-        _emit(data, json_path)
+        _emit(data, json_path, str(config or "(the embedded default)"), markdown)
 
 
-def _emit(data: dict, json_path: str | None) -> None:
+def _config_file(config: Path | None) -> str | None:
+    """The config's file, for timing `inspect-spec` on it; the embedded default's when it is
+    a file on disk (not inside a zip)."""
+    if config is not None:
+        return str(config)
+    from importlib import resources
+
+    from ardiff.config.run import DEFAULT_CONFIG_NAME
+
+    path = resources.files("ardiff.configs").joinpath(DEFAULT_CONFIG_NAME)
+    return str(path) if isinstance(path, Path) and path.is_file() else None
+
+
+def _emit(data: dict, json_path: str | None, config: str, markdown: bool) -> None:
     """The JSON (stdout or a file) and the table; exit 1 when the file cannot be written."""
+    from ardiff_cli import bench_preview, bench_table
+
     if json_path == "-":
         print(json.dumps(data, indent=2))
         return
     json_error = options.write_json_file(json_path, data) if json_path else None
-    render.print_bench(data)
+    if markdown:
+        print(bench_table.markdown(data, config))
+    else:
+        bench_table.print_bench(data, config)
     bench_preview.print_extras(data)
     if json_error:
         print(f"error: {json_error}", file=sys.stderr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ardiff_cli import options, render, signals
+from ardiff_cli import options, signals
 from ardiff_cli.errors import handle_errors
 
 
@@ -23,6 +23,7 @@ def inspect_spec_command(
 ) -> None:
     """Show the KV spec a pipeline declares and the memory plan for it (dry run)."""
     from ardiff.engine.build import inspect_spec  # the config layer: only when the command runs
+    from ardiff_cli import render  # rich: only when the command runs
 
     with signals.StopSignals() as stop_signals:
         with handle_errors(debug):

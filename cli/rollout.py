@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from ardiff.errors import EXIT_FAILED
-from ardiff_cli import options, picture, progress, render, signals
+from ardiff_cli import options, picture, signals
 from ardiff_cli.errors import handle_errors
 
 
@@ -65,6 +65,7 @@ def rollout_command(
         with handle_errors(debug):
             from ardiff.rollout.job import RolloutStop, run_rollout  # imports the runtime
             from ardiff_cli import preview  # numpy: only when a command runs
+            from ardiff_cli import progress  # rich: only when the command runs
 
             run_config = options.load_run_config(config, overrides, {
                 "output.path": output, "rollout.frames": frames, "rollout.seed": seed,
@@ -120,6 +121,8 @@ def _emit(report, json_path: Optional[str], quiet: bool) -> Optional[str]:
     elif json_path:
         json_error = options.write_json_file(json_path, data, kept="the video is kept; ")
     if not quiet:
+        from ardiff_cli import render
+
         render.print_rollout(data, to_stderr=json_path == "-")
     return json_error
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from ardiff.errors import WarmupError
-from ardiff_cli import options, render, signals
+from ardiff_cli import options, signals
 from ardiff_cli.errors import handle_errors
 
 
@@ -28,6 +28,7 @@ def warmup_command(
     with signals.StopSignals() as stop_signals:
         with handle_errors(debug):
             from ardiff.engine.build import build_runner  # imports torch: only when it runs
+            from ardiff_cli import render  # rich: only when the command runs
 
             runner = build_runner(options.load_run_config(config, overrides, {
                 "runtime.device": device, "runtime.dtype": dtype,

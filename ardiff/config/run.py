@@ -171,6 +171,9 @@ class RuntimeConfig:
     """A cap below what the budget allows (None: as many as fit)."""
     kv: Section[KVConfig] = KVConfig()
     parallel: Section[ParallelConfig] = ParallelConfig()
+    compile: StrictBool = False
+    """torch.compile the pipeline's layer stack when the runner is built (the pipeline
+    must offer `compile_layers`); the first blocks then take longer while it compiles."""
 
     @field_validator("device")
     @classmethod
@@ -263,7 +266,7 @@ class OutputConfig:
     crf: Annotated[StrictInt, Field(ge=0, le=MAX_CRF)] | None = None
     """None: the codec's default quality."""
     preset: Text | None = None
-    """x264 preset; None: veryfast."""
+    """x264 preset; None: ultrafast."""
 
     @field_validator("fps")
     @classmethod

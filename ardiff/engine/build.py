@@ -124,8 +124,16 @@ def inspect_spec(config: RunConfig) -> SpecReport:
     if share != runtime.memory_budget:  # ranks on one host share its memory
         resolved = dataclasses.replace(resolved, config=dataclasses.replace(
             config, runtime=dataclasses.replace(runtime, memory_budget=share)))
-    return SpecReport(resolved.declared, resolved.plan(_free_bytes_for_dry_run(config)),
+    return SpecReport(resolved.declared, resolved.plan(
+        _free_bytes_for_dry_run(config), stores_registers(config, config.runtime.kv.backend)),
                       parallel.workers, parallel.cfg)
+
+
+def stores_registers(config: RunConfig, backend: str) -> bool:
+    """Whether the cache keeps register tokens in pages: only the paged cache under
+    `runtime.compile`, whose `ardiff::paged_attend` reads nothing but pages (the eager
+    paths and the dense cache concatenate them as they come)."""
+    return backend == "paged" and config.runtime.compile
 
 
 def _free_bytes_for_dry_run(config: RunConfig) -> int:
@@ -160,11 +168,13 @@ def build_runner(config: RunConfig, resolved: ResolvedPipeline | None = None,
     device = resolve_device(config.runtime.device)
     if load_weights:
         _load(resolved.pipeline, device, config.runtime.dtype)
+    if config.runtime.compile:
+        compile_layers(resolved.pipeline, config.pipeline.entry)
     kv = config.runtime.kv
     backend = backend or kv.backend
     free_bytes = free_memory_bytes(device)
     check_budget_fits(config.runtime.memory_budget, free_bytes, device)
-    plan = resolved.plan(free_bytes, stores_registers=backend == "paged")
+    plan = resolved.plan(free_bytes, stores_registers=stores_registers(config, backend))
     if agree_min is not None:
         plan = dataclasses.replace(plan, session_capacity=agree_min(plan.session_capacity))
     return Runner(resolved.pipeline, _allocate(plan, backend, device, kv.poison), device)
@@ -190,6 +200,27 @@ def check_budget_fits(budget: MemoryBudget, free_bytes: int, device: str) -> Non
         raise CapacityError(
             f"runtime.memory_budget: {budget} is more than the {free} free on {device}; lower "
             f"runtime.memory_budget to at most {free} or give a fraction of free memory like 0.8")
+
+
+def compile_layers(pipeline: Any, entry: str) -> None:
+    """`runtime.compile`: hand `torch.compile` to the pipeline's `compile_layers` hook, which
+    compiles its layer stack (attention inside stays one `ardiff::paged_attend` op)."""
+    hook = getattr(pipeline, "compile_layers", None)
+    if not callable(hook):
+        raise ConfigError(f"runtime.compile: true needs a pipeline with a compile_layers("
+                          f"compiler) method, and {shorten(entry, 80)} has none; set "
+                          f"runtime.compile: false")
+    import torch
+
+    import ardiff.kv.ops  # noqa: F401  registers ardiff::paged_attend before anything traces
+
+    try:
+        hook(torch.compile)
+    except ArdiffError:
+        raise
+    except Exception as exc:
+        raise PipelineError(f"pipeline: compile_layers raised {type(exc).__name__}: "
+                            f"{shorten(str(exc))}") from exc
 
 
 def _load(pipeline: Any, device: str, dtype: str) -> None:

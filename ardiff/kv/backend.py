@@ -19,6 +19,7 @@ import torch
 
 from ardiff.dtypes import torch_dtype
 from ardiff.errors import KVStateError, SessionError
+from ardiff.kv import kernels
 from ardiff.kv.cross import CrossKVStore
 from ardiff.kv.plan import KVPlan
 from ardiff.kv.session import SessionKV
@@ -47,7 +48,9 @@ class BranchKV(Protocol):
     num_committed_frames: int
     kept_frames: list[int]  # absolute indices of the frames held now, in order
 
-    def begin(self, num_frames: int) -> BlockKV: ...
+    def begin(self, num_frames: int, commit: bool = True) -> BlockKV:
+        """A block; `commit=False` marks a probe, which the state never commits."""
+        ...
 
     def begin_recache(self, start_frame: int, num_frames: int) -> BlockKV: ...
 
@@ -75,6 +78,10 @@ class KVCacheBase:
         self.device = _normalize(torch.device(device))
         self.torch_dtype = torch_dtype(plan.dtype)
         self.cross = CrossKVStore(plan.spec, self.torch_dtype, self.device)
+        self.branch_slots = {b.name: b.local_index for b in plan.spec.kv_branches}
+        # One attention kernel for every block of this cache (ardiff.kv.kernels).
+        self.kernel_name, self.attend_fn = kernels.select(self.device, self.torch_dtype,
+                                                          plan.spec.head_size)
         self._sessions: dict[str, SessionKV] = {}
         self._open_slots: dict[int, str] = {}
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from ardiff.kv import attention
 from ardiff.kv.backend import CacheStats, KVCacheBase
 
 
@@ -34,7 +33,7 @@ class DenseBranch:
     """History of one branch: kept frame indices and one K and V tensor per layer."""
 
     def __init__(self, cache: DenseKVCache) -> None:
-        self.spec = cache.spec
+        self.spec, self.attend_fn = cache.spec, cache.attend_fn
         self.num_committed_frames = 0
         self.frames: list[int] = []
         empty = lambda: torch.empty(0, self.spec.num_kv_heads, self.spec.head_size,  # noqa: E731
@@ -50,7 +49,7 @@ class DenseBranch:
     def kept_frames(self) -> list[int]:
         return list(self.frames)
 
-    def begin(self, num_frames: int) -> DenseBlock:
+    def begin(self, num_frames: int, commit: bool = True) -> DenseBlock:
         return DenseBlock(self, num_frames)
 
     def begin_recache(self, start_frame: int, num_frames: int) -> DenseRecache:
@@ -110,7 +109,7 @@ class DenseBlock:
         self.new_k[layer], self.new_v[layer] = k, v
         keys = [self.branch.k[layer], k] + ([extra_k] if extra_k is not None else [])
         values = [self.branch.v[layer], v] + ([extra_v] if extra_v is not None else [])
-        return attention.attend(q, torch.cat(keys), torch.cat(values), scale)
+        return self.branch.attend_fn(q, torch.cat(keys), torch.cat(values), scale)
 
     def commit(self) -> None:
         layers = range(self.branch.spec.num_layers)
@@ -140,7 +139,7 @@ class DenseRecache(DenseBlock):
         seen_v = self.branch.v[layer].index_select(0, self._seen)
         keys = [seen_k, k] + ([extra_k] if extra_k is not None else [])
         values = [seen_v, v] + ([extra_v] if extra_v is not None else [])
-        return attention.attend(q, torch.cat(keys), torch.cat(values), scale)
+        return self.branch.attend_fn(q, torch.cat(keys), torch.cat(values), scale)
 
     def commit(self) -> None:
         branch = self.branch

@@ -1,15 +1,23 @@
 """The paged KV cache: plan + page pool + page storage + per-branch page tables.
 
-    pool pages:  [ history of session A | history of B | ... | free ]
-    a block:     allocate in-flight pages -> attend writes k/v there ->
-                 commit hands them to the page table (no copy), the window
-                 evicts whole pages back to the pool; a probe gives them back.
+    storage:     [ pool pages: history of A | history of B | in flight | free ][ registers ]
+    a block:     allocate in-flight pages -> every attend reads [history | its k/v |
+                 registers] as one `torch.cat` of views of the history's stretches of
+                 storage (the dense reference's one concatenation; no gather), a commit's
+                 attend also writes the block's k/v to its in-flight pages -> commit hands
+                 them to the page table (no copy), the window evicts whole pages back to the
+                 pool; a probe writes nothing and gives them back (the next block gets the
+                 same pages, so its cached addresses and views hold).
+    registers:   never stored by the eager path (they join the concatenation as they
+                 come); `ardiff::paged_attend`, which reads only storage, stores them in a
+                 fixed set of register pages per local slot (ardiff.kv.slots).
     a recache:   the same in-flight pages -> attend writes the kept frames'
                  new k/v there -> the table swaps them in for those frames
                  and their old pages go back to the pool (abort: the new ones).
 
-The pool holds exactly the plan's `total_pages`; with nothing resident and no
-block open, every page is free.
+The storage holds exactly the plan's `total_pages`: the pool its history and in-flight
+pages, the slots its register pages. With nothing resident and no block open, every pool
+page is free.
 """
 
 from __future__ import annotations
@@ -17,11 +25,12 @@ from __future__ import annotations
 import torch
 
 from ardiff.errors import KVStateError
-from ardiff.kv import attention
+from ardiff.kv import ops
 from ardiff.kv.address import TokenAddress
 from ardiff.kv.backend import CacheStats, KVCacheBase
 from ardiff.kv.plan import KVPlan
 from ardiff.kv.pool import PagePool
+from ardiff.kv.slots import Slot, StaticIndices
 from ardiff.kv.storage import PagedStorage
 from ardiff.kv.table import FramePages, PageTable
 from ardiff.kv.window import WindowPolicy
@@ -35,15 +44,32 @@ class PagedKVCache(KVCacheBase):
     def __init__(self, plan: KVPlan, device: str | torch.device = "cpu",
                  poison: bool = False) -> None:
         super().__init__(plan, device)
-        self.pool = PagePool(plan.total_pages)
+        # Register pages are the last `register_pages` of the storage, a fixed set per local
+        # slot (one block in flight per slot), so what a block stored there is still there
+        # for the next block of the slot: registers are written once per AR block.
+        self.pool = PagePool(plan.total_pages - plan.register_pages)
         self.storage = PagedStorage(plan, self.device, poison)
         self.policy = WindowPolicy.from_spec(plan.spec)
+        self.max_registers = plan.spec.max_scratch_tokens_per_branch if plan.register_pages else 0
+        self.slots = [self._new_slot(slot) for slot in range(plan.spec.num_local_kv_branches)]
+
+    def _new_slot(self, slot: int) -> Slot:
+        plan, spec = self.plan, self.plan.spec
+        per_slot = plan.register_pages_per_branch
+        first = self.pool.num_pages + slot * per_slot
+        block_tokens = spec.frames_per_block * spec.tokens_per_frame
+        read_tokens = plan.history_frames_per_branch * spec.tokens_per_frame + block_tokens
+        indices = StaticIndices(block_tokens + self.max_registers,
+                                read_tokens + self.max_registers, self.device)
+        return Slot(list(range(first, first + per_slot)), indices)
 
     def new_branch(self, session_id: str, name: str) -> PagedBranch:
-        return PagedBranch(self, PageTable(self.policy))
+        return PagedBranch(self, PageTable(self.policy), self.slots[self.branch_slots[name]])
 
     def release_branch(self, branch: PagedBranch) -> None:
         self.free_pages(branch.table.release())
+        branch.slot.forget()
+        self.storage.poison(branch.slot.register_pages)
 
     def allocate_pages(self, num: int, what: str) -> list[int]:
         page_ids = self.pool.allocate(num)
@@ -58,16 +84,20 @@ class PagedKVCache(KVCacheBase):
         self.storage.poison(page_ids)
 
     def stats(self) -> CacheStats:
-        return CacheStats("paged", self.pool.num_pages, self.pool.num_used, self.pool.peak_used,
-                          self.storage.nbytes, self.cross.nbytes, len(self._sessions))
+        """Pages in use and at peak count history and in-flight pages; `pages_total` is the
+        plan's, the reserved register pages included."""
+        return CacheStats("paged", self.plan.total_pages, self.pool.num_used,
+                          self.pool.peak_used, self.storage.nbytes, self.cross.nbytes,
+                          len(self._sessions))
 
 
 class PagedBranch:
-    """One branch of one session: its page table."""
+    """One branch of one session: its page table, and the read address of its last block."""
 
-    def __init__(self, cache: PagedKVCache, table: PageTable) -> None:
-        self.cache, self.table = cache, table
-        self._read: tuple[tuple, TokenAddress] | None = None  # (key, address) of the last block
+    def __init__(self, cache: PagedKVCache, table: PageTable, slot: Slot) -> None:
+        self.cache, self.table, self.slot = cache, table, slot
+        self._read: tuple[tuple, BlockAddress] | None = None  # (key, address) of the last block
+        self._visible: tuple[int, list[int]] = (-1, [])        # (table version, frames)
 
     @property
     def num_committed_frames(self) -> int:
@@ -77,73 +107,151 @@ class PagedBranch:
     def kept_frames(self) -> list[int]:
         return self.table.visible_frames
 
-    def read_address(self, block_frames: list[FramePages],
-                     before: int | None = None) -> TokenAddress:
-        """Where a block reads: [visible history (the kept frames before `before`, if set) |
-        the block]. Rebuilt only when the table, `before` or the block's pages changed, so
-        the probes and the commit of one block share it."""
+    def visible_frames(self) -> list[int]:
+        """The table's visible frames, rebuilt only when the table changed (read-only)."""
+        if self._visible[0] != self.table.version:
+            self._visible = (self.table.version, self.table.visible_frames)
+        return self._visible[1]
+
+    def block_address(self, block_frames: list[FramePages],
+                      before: int | None = None) -> BlockAddress:
+        """Where a block writes and reads. Rebuilt only when the table, `before` or the
+        block's pages changed: the probes and the commit of a block share one, and so do
+        the probes of later blocks until a commit (the pool hands the same pages back)."""
         key = (self.table.version, before, tuple(block_frames))
         if self._read is None or self._read[0] != key:
-            storage = self.cache.storage
             history = self.table.visible_pages if before is None else \
                 self.table.frames_before(before)
-            address = storage.frames_address(history).concat(
-                storage.frames_address(block_frames))
-            self._read = (key, address)
+            self._read = (key, BlockAddress(self.cache.storage, history, block_frames,
+                                            self.slot.register_pages,
+                                            self.cache.max_registers))
         return self._read[1]
 
-    def begin(self, num_frames: int) -> PagedBlock:
-        return PagedBlock(self, num_frames)
+    def begin(self, num_frames: int, commit: bool = True) -> PagedBlock:
+        return PagedBlock(self, num_frames, commits=commit)
 
     def begin_recache(self, start_frame: int, num_frames: int) -> PagedBlock:
         return PagedBlock(self, num_frames, recache_at=start_frame)
 
 
+class BlockAddress:
+    """A block's addresses in the storage:
+
+        history_kv(layer): the visible history's K and V, as views of its stretches of
+                  storage (or, past MAX_VIEW_RUNS stretches, one gather)
+        block:    the block's in-flight pages (a commit writes its k/v there)
+        read(n):  [visible history | the block | n register tokens]: what the custom op reads
+    """
+
+    def __init__(self, storage: PagedStorage, history: list[FramePages],
+                 frames: list[FramePages], register_pages: list[int],
+                 max_registers: int) -> None:
+        self.storage, self.register_pages = storage, register_pages
+        self.history = storage.frames_address(history)
+        self.block = storage.frames_address(frames)
+        self.block_views = storage.write_views(self.block)  # per layer, None: by index
+        self._history_block = self.history.concat(self.block)
+        self._history_views: dict[int, tuple[list, list] | None] = {}  # per layer
+        self._reads: dict[int, TokenAddress] = {0: self._history_block}
+        self._registers: dict[int, TokenAddress] = {}
+        self.max_registers = max_registers
+
+    def history_kv(self, layer: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Layer `layer`'s history K and V as lists of tensors to concatenate, in order."""
+        if layer not in self._history_views:
+            self._history_views[layer] = self.storage.views(layer, self.history)
+        views = self._history_views[layer]
+        if views is not None:
+            return views
+        keys, values = self.storage.gather(layer, self.history)
+        return [keys], [values]
+
+    def op_indices(self, slot: Slot) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """(write, read) index tensors of `ardiff::paged_attend` per register count: views
+        of the slot's static buffers, loaded with this address (outside any compiled code)."""
+        return slot.indices.load(self, self.block, self._history_block,
+                                 self.registers(self.max_registers))
+
+    def registers(self, num_tokens: int) -> TokenAddress:
+        address = self._registers.get(num_tokens)
+        if address is None:
+            address = self._registers[num_tokens] = self.storage.registers_address(
+                self.register_pages, num_tokens)
+        return address
+
+    def read(self, num_registers: int) -> TokenAddress:
+        address = self._reads.get(num_registers)
+        if address is None:
+            address = self._reads[num_registers] = self._history_block.concat(
+                self.registers(num_registers))
+        return address
+
+
 class PagedBlock:
     """A block in flight: its pages, and the storage addresses it writes and reads through.
+
+    Every attend reads [history | k/v | registers] by one concatenation; a commit's attend
+    (`commits`) first stores the block's k/v in its in-flight pages, a probe's does not.
 
     With `recache_at` set it re-commits kept frames `recache_at, ...` instead of appending:
     it sees the kept frames before them, and its commit swaps its pages in for theirs."""
 
     def __init__(self, branch: PagedBranch, num_frames: int,
-                 recache_at: int | None = None) -> None:
+                 recache_at: int | None = None, commits: bool = True) -> None:
         cache, plan = branch.cache, branch.cache.plan
+        self.commits = commits
         self.cache, self.table, self.storage = cache, branch.table, cache.storage
         self.recache_at = recache_at
-        kept = branch.table.visible_frames
+        kept = branch.visible_frames()
         if recache_at is None:
             self.start_frame, self.visible_frames = branch.table.num_committed_frames, kept
         else:
             self.start_frame = recache_at
             self.visible_frames = [index for index in kept if index < recache_at]
         ppf = plan.pages_per_frame
-        pages = cache.allocate_pages(num_frames * ppf + plan.register_pages_per_branch,
-                                     "in-flight and register")  # one all-or-nothing call
+        pages = cache.allocate_pages(num_frames * ppf, "in-flight")
         self.frames: list[FramePages] = [tuple(pages[i * ppf:(i + 1) * ppf])
                                          for i in range(num_frames)]
-        self.register_pages = pages[num_frames * ppf:]
-        self.block_address = self.storage.frames_address(self.frames)
-        # [visible history tokens | this block's tokens]: built once, read by every attend.
-        self.kv_address = branch.read_address(self.frames, recache_at)
-        self._registers: dict[int, TokenAddress] = {}  # register count -> address
+        self.address = branch.block_address(self.frames, recache_at)
+        self.slot = branch.slot
+        self.op_indices = self.address.op_indices(self.slot)
         self._done = False
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
                scale: float | None) -> torch.Tensor:
-        self.storage.write(layer, self.block_address, k, v)
-        registers = None
+        address = self.address
+        if self.commits:  # what becomes history goes to the in-flight pages; a probe's not
+            views = address.block_views[layer]
+            if views is None:
+                self.storage.write(layer, address.block, k, v)
+            else:
+                views[0].copy_(k)
+                views[1].copy_(v)
+        keys, values = address.history_kv(layer)
+        keys, values = [*keys, k], [*values, v]
         if extra_k is not None:
-            registers = self._registers_address(extra_k.shape[0])
-            self.storage.write(layer, registers, extra_k, extra_v)
-        keys, values = self.storage.read(layer, self.kv_address, registers)
-        return attention.attend(q, keys, values, scale)
+            keys.append(extra_k)
+            values.append(extra_v)
+        return self.cache.attend_fn(q, torch.cat(keys), torch.cat(values), scale)
 
-    def _registers_address(self, num_tokens: int) -> TokenAddress:
-        if num_tokens not in self._registers:
-            self._registers[num_tokens] = self.storage.registers_address(self.register_pages,
-                                                                         num_tokens)
-        return self._registers[num_tokens]
+    def traced_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
+                      scale: float | None) -> torch.Tensor:
+        """`attend` as a compiled layer stack traces it: one `ardiff::paged_attend` call
+        (registers are stored with the block's k/v, every call)."""
+        num_registers = 0
+        if extra_k is not None:
+            num_registers = extra_k.shape[0]
+            k, v = torch.cat([k, extra_k]), torch.cat([v, extra_v])
+        if num_registers not in self.op_indices:
+            raise KVStateError("attend: a compiled layer stack passed register tokens to a "
+                               "cache planned without register pages; build the runner with "
+                               "runtime.compile: true (it plans them)")
+        write_index, read_index = self.op_indices[num_registers]
+        k_cache, v_cache = self.storage.flat(layer)
+        return ops.paged_attend(q, k, v, k_cache, v_cache, write_index, read_index, scale,
+                                self.cache.kernel_name)
 
     def commit(self) -> None:
         """Hand the in-flight pages to the table; free what the window evicts (a recache:
@@ -160,5 +268,6 @@ class PagedBlock:
     def _finish(self, page_ids: list[int]) -> None:
         assert not self._done, "a block is finished once"
         self._done = True
-        self.cache.free_pages(page_ids + self.register_pages)
-
+        # Freed last-first, so the next block gets the same pages in the same order (the pool
+        # reuses the last freed first) and its addresses are the cached ones.
+        self.cache.free_pages(page_ids[::-1])

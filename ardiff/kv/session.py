@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ardiff.contract.spec import find_branch
 from ardiff.errors import KVStateError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -28,11 +27,11 @@ class SessionKV:
 
     def check_branch(self, name: str) -> int:
         """The branch's local slot; raises on an undeclared branch."""
-        branch = find_branch(self.cache.spec, name)
-        if branch is None:
+        slot = self.cache.branch_slots.get(name) if isinstance(name, str) else None
+        if slot is None:
             known = ", ".join(b.name for b in self.cache.spec.kv_branches)
             raise KVStateError(f"branch {name!r} is not declared by the spec (declared: {known})")
-        return branch.local_index
+        return slot
 
     def check_slot(self, name: str) -> int:
         """The branch's local slot, if no other branch of this session holds it; else raise."""
@@ -51,10 +50,12 @@ class SessionKV:
 
     def branch(self, name: str) -> BranchKV:
         """The branch's history, created on first use (claims its slot)."""
+        kv = self.branches.get(name)
+        if kv is not None:  # it claimed its slot when it was created
+            return kv
         self.claim_slot(name)
-        if name not in self.branches:
-            self.branches[name] = self.cache.new_branch(self.session_id, name)
-        return self.branches[name]
+        kv = self.branches[name] = self.cache.new_branch(self.session_id, name)
+        return kv
 
     def num_committed_frames(self, name: str) -> int:
         kv = self.branches.get(name)

@@ -22,6 +22,7 @@ import torch
 
 from ardiff.errors import KVStateError
 from ardiff.kv.backend import BlockKV, KVCacheBase
+from ardiff.kv.checks import TensorChecks
 from ardiff.kv.cross import CrossLayers
 from ardiff.kv.session import SessionKV
 
@@ -72,6 +73,28 @@ class Block:
         num_kv_heads, head_size]; extra_k/v: [n, num_kv_heads, head_size] register
         tokens (never committed). Raises `KVStateError` on any mismatch.
         """
+        if torch.compiler.is_compiling():  # a compiled layer stack: a traceable attend
+            return self._traced_attend(layer, q, k, v, extra_k, extra_v, scale)
+        if not self._state.checks.accepts(self, layer, q, k, v, extra_k, extra_v):
+            self._check_all(layer, q, k, v, extra_k, extra_v)  # raises, naming what is wrong
+        self.attended_layers.add(layer)
+        return self._kv.attend(layer, q, k, v, extra_k, extra_v, scale)
+
+    def _traced_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
+                       scale: float | None) -> torch.Tensor:
+        """The same checks (on the traced shapes, so once per compilation) and attend, by
+        the backend's traceable path when it has one (paged: `ardiff::paged_attend`)."""
+        if not self._state.checks.accepts(self, layer, q, k, v, extra_k, extra_v, traced=True):
+            self._check_all(layer, q, k, v, extra_k, extra_v)
+        # Recorded by writing an attribute, never reading one: a read would make the compiled
+        # code guard on which layers came before (and recompile for each).
+        setattr(self, f"_traced_layer_{layer}", True)
+        attend = getattr(self._kv, "traced_attend", self._kv.attend)
+        return attend(layer, q, k, v, extra_k, extra_v, scale)
+
+    def _check_all(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   extra_k: torch.Tensor | None, extra_v: torch.Tensor | None) -> None:
         self._check_alive()
         self._check_layer(layer)
         checks = self._state.checks
@@ -80,8 +103,6 @@ class Block:
         checks.kv(layer, "k", k, expected, "num_frames * tokens_per_frame")
         checks.kv(layer, "v", v, expected, "num_frames * tokens_per_frame")
         checks.extra(layer, extra_k, extra_v)
-        self.attended_layers.add(layer)
-        return self._kv.attend(layer, q, k, v, extra_k, extra_v, scale)
 
     def _check_layer(self, layer: int) -> None:
         num_layers = self._state.spec.num_layers
@@ -94,60 +115,49 @@ class Block:
                                f"per layer")
 
     def check_complete(self) -> None:
-        missing = sorted(set(range(self._state.spec.num_layers)) - self.attended_layers)
+        traced = {layer for layer in range(self._state.spec.num_layers)
+                  if self.__dict__.get(f"_traced_layer_{layer}")}
+        missing = sorted(set(range(self._state.spec.num_layers)) - self.attended_layers - traced)
         if missing:
             raise KVStateError(f"{self.kind} block of branch {self.branch!r} ended without "
                                f"attending layers {missing}; a {self.kind} must attend every "
                                f"layer once")
 
 
-class TensorChecks:
-    """Shape, dtype and device checks of the tensors a pipeline passes in."""
+class BlockScope:
+    """The `with` of `state.block(...)`: entering checks and opens the block (claiming the
+    slot), leaving commits it (a clean commit) or gives it back (a probe, an exception).
+    A class rather than a generator: it runs five times per AR block of a 4-step model."""
 
-    def __init__(self, spec, dtype: torch.dtype, device: torch.device) -> None:
-        self.spec, self.dtype, self.device = spec, dtype, device
+    __slots__ = ("state", "branch", "commit", "num_frames", "slot", "kv", "blk")
 
-    def tensor(self, layer: int, label: str, t: object) -> torch.Tensor:
-        if not isinstance(t, torch.Tensor):
-            raise KVStateError(f"attend(layer={layer}): {label} is a {type(t).__name__}, "
-                               f"expected a torch.Tensor")
-        if t.dtype != self.dtype:
-            raise KVStateError(f"attend(layer={layer}): {label} is {t.dtype}; expected "
-                               f"{self.dtype} (the runtime dtype)")
-        if t.device.type != self.device.type or (
-                self.device.index is not None and t.device.index != self.device.index):
-            raise KVStateError(f"attend(layer={layer}): {label} is on {t.device}; expected "
-                               f"{self.device}")
-        return t
+    def __init__(self, state: KVState, branch: str, commit: bool,
+                 num_frames: int | None) -> None:
+        self.state, self.branch, self.commit, self.num_frames = state, branch, commit, num_frames
 
-    def query(self, layer: int, q: object) -> None:
-        q = self.tensor(layer, "q", q)
-        heads, hs = self.spec.num_kv_heads, self.spec.head_size
-        if q.dim() != 3 or q.shape[0] == 0 or q.shape[2] != hs or q.shape[1] % heads:
-            raise KVStateError(f"attend(layer={layer}): q has shape {tuple(q.shape)}; expected "
-                               f"[q_tokens > 0, q_heads (a multiple of num_kv_heads={heads}), "
-                               f"head_size={hs}]")
+    def __enter__(self) -> Block:
+        state, branch = self.state, self.branch
+        state.check_open()
+        num_frames = state._check_num_frames(self.num_frames)
+        slot = state._session.check_slot(branch)
+        state._check_positions(branch, num_frames)  # before the slot is claimed: all or nothing
+        history = state._session.branch(branch)
+        state._cache.open_slot(slot, branch)
+        try:
+            self.kv = history.begin(num_frames, self.commit)
+        except BaseException:
+            state._cache.close_slot(slot)
+            raise
+        self.slot = slot
+        self.blk = Block(state, branch, self.kv, num_frames, self.commit)
+        return self.blk
 
-    def kv(self, layer: int, label: str, t: object, tokens: int, what: str) -> None:
-        t = self.tensor(layer, label, t)
-        expected = (tokens, self.spec.num_kv_heads, self.spec.head_size)
-        if tuple(t.shape) != expected:
-            raise KVStateError(f"attend(layer={layer}): {label} has shape {tuple(t.shape)}; "
-                               f"expected [{what}, num_kv_heads, head_size] = {expected}")
-
-    def extra(self, layer: int, extra_k: object, extra_v: object) -> None:
-        if extra_k is None and extra_v is None:
-            return
-        if extra_k is None or extra_v is None:
-            raise KVStateError(f"attend(layer={layer}): pass both extra_k and extra_v or neither")
-        extra_k = self.tensor(layer, "extra_k", extra_k)
-        limit = self.spec.max_scratch_tokens_per_branch
-        n = extra_k.shape[0] if extra_k.dim() else 0
-        if not 1 <= n <= limit:
-            raise KVStateError(f"attend(layer={layer}): {n} register tokens passed; the spec "
-                               f"allows 1..max_scratch_tokens_per_branch={limit}")
-        self.kv(layer, "extra_k", extra_k, n, "n")
-        self.kv(layer, "extra_v", extra_v, n, "n")
+    def __exit__(self, exc_type, exc, traceback) -> bool:
+        try:
+            self.state._finish(self.blk, self.kv, failed=exc_type is not None)
+        finally:
+            self.state._cache.close_slot(self.slot)
+        return False
 
 
 def open_state(cache: KVCacheBase, session_id: str) -> KVState:
@@ -183,18 +193,11 @@ class KVState:
         self._session.check_slot(branch)
         return self._session.num_committed_frames(branch)
 
-    @contextlib.contextmanager
     def block(self, branch: str, commit: bool = False,
-              num_frames: int | None = None) -> Iterator[Block]:
-        """Open a block on `branch`; with `commit=True` its K/V become history on a clean exit."""
-        self.check_open()
-        num_frames = self._check_num_frames(num_frames)
-        self._session.check_slot(branch)
-        self._check_positions(branch, num_frames)  # before the slot is claimed: all or nothing
-        slot = self._session.claim_slot(branch)
-        with self._in_flight(slot, branch):
-            kv = self._session.branch(branch).begin(num_frames)
-            yield from self._run(Block(self, branch, kv, num_frames, commit), kv)
+              num_frames: int | None = None) -> BlockScope:
+        """Open a block on `branch`; with `commit=True` its K/V become history on a clean exit.
+        A context manager: nothing happens until its `with` is entered."""
+        return BlockScope(self, branch, commit, num_frames)
 
     @contextlib.contextmanager
     def recache(self, branch: str, start_frame: int,
@@ -224,6 +227,22 @@ class KVState:
             yield
         finally:
             self._cache.close_slot(slot)
+
+    def _finish(self, blk: Block, kv: BlockKV, failed: bool) -> None:
+        """End a block: commit it on a clean exit (if it commits), else give it back."""
+        try:
+            if not failed and blk.is_commit:
+                self.check_open()  # a released session's table must not take pages
+                blk.check_complete()
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            blk.finish()
+            if failed:
+                kv.abort()
+        if not failed:
+            kv.commit() if blk.is_commit else kv.abort()
 
     def _run(self, blk: Block, kv: BlockKV) -> Iterator[Block]:
         """Yield the block; on a clean exit commit it (if it commits), else give it back."""

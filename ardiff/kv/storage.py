@@ -20,6 +20,9 @@ from ardiff.kv.plan import KVPlan
 # (measured: a 1560-token Wan frame gathers ~2.5x faster by slices than by index_select).
 RUN_COPY_MIN_ELEMENTS = 1 << 16
 ADDRESS_CACHE_SIZE = 256  # memoised frame addresses; cleared when full
+# Up to this many stretches, the history is read as views (concatenated with the block's
+# k/v by one `torch.cat`, as the dense reference does); past it, by one gather.
+MAX_VIEW_RUNS = 32
 
 
 class PagedStorage:
@@ -64,40 +67,69 @@ class PagedStorage:
         """Where `num_tokens` register tokens laid over consecutive `page_ids` live."""
         return pages_address(page_ids, num_tokens, self.page_tokens, self.device)
 
-    def _flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def write_views(self, address: TokenAddress) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+        """Per layer, the (K, V) views of `address` when it is one stretch (a write is then
+        two plain copies); None per layer when it is not."""
+        if len(address.runs) != 1:
+            return [None] * len(self._flat_views)
+        start, length = address.runs[0]
+        return [(k.narrow(0, start, length), v.narrow(0, start, length))
+                for k, v in self._flat_views]
+
+    def views(self, layer: int, address: TokenAddress
+              ) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+        """Layer `layer`'s K and V at `address` as views of their stretches, in order (None
+        past MAX_VIEW_RUNS stretches: gather instead)."""
+        if len(address.runs) > MAX_VIEW_RUNS:
+            return None
+        k, v = self._flat_views[layer]
+        return ([k.narrow(0, start, length) for start, length in address.runs],
+                [v.narrow(0, start, length) for start, length in address.runs])
+
+    def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s K and V as [pages * page_tokens, heads, head_size] (views)."""
         return self._flat_views[layer]
 
     def write(self, layer: int, address: TokenAddress, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K/V `[address.num_tokens, heads, head_size]` at `address`."""
-        for pool, src in zip(self._flat(layer), (k, v)):
+        for pool, src in zip(self.flat(layer), (k, v)):
             self._copy(pool, address, src, into_pool=True)
 
     def read(self, layer: int, address: TokenAddress,
              registers: TokenAddress | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V `[tokens, heads, head_size]` of `address` then `registers`, gathered into
         one new tensor each (what attention reads)."""
-        n, extra = address.num_tokens, 0 if registers is None else registers.num_tokens
+        return self.gather(layer, address if registers is None else address.concat(registers))
+
+    def gather(self, layer: int, address: TokenAddress) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V `[address.num_tokens, heads, head_size]`, each one new tensor: one
+        `index_select` per tensor for small stretches, slice copies for big ones."""
+        pools = self._flat_views[layer]
+        if not self._by_runs(address):
+            return pools[0].index_select(0, address.index), pools[1].index_select(0, address.index)
         out = []
-        for pool in self._flat(layer):
-            buf = torch.empty(n + extra, *pool.shape[1:], dtype=self.dtype, device=self.device)
-            self._copy(pool, address, buf[:n], into_pool=False)
-            if registers is not None:
-                self._copy(pool, registers, buf[n:], into_pool=False)
+        for pool in pools:
+            buf = torch.empty(address.num_tokens, *pool.shape[1:], dtype=self.dtype,
+                              device=self.device)
+            self._copy(pool, address, buf, into_pool=False)
             out.append(buf)
         return out[0], out[1]
+
+    def _by_runs(self, address: TokenAddress) -> bool:
+        return address.tokens_per_run * self._token_elements >= RUN_COPY_MIN_ELEMENTS
 
     def _copy(self, pool: torch.Tensor, address: TokenAddress, data: torch.Tensor,
               into_pool: bool) -> None:
         """Copy `data` [tokens, heads, hs] to (or from) the pool's tokens at `address`."""
-        if address.tokens_per_run * self._token_elements < RUN_COPY_MIN_ELEMENTS:
+        if len(address.runs) != 1 and not self._by_runs(address):
             if into_pool:
                 pool.index_copy_(0, address.index, data)
             else:
                 torch.index_select(pool, 0, address.index, out=data)
             return
         done = 0
-        for start, length in address.runs:
-            stretch, part = pool[start:start + length], data[done:done + length]
+        for start, length in address.runs:  # one run: a slice copy beats any index
+            stretch, part = pool.narrow(0, start, length), data.narrow(0, done, length)
             stretch.copy_(part) if into_pool else part.copy_(stretch)
             done += length
 

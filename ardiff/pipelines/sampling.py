@@ -32,8 +32,11 @@ def block_generator(seed: int, start_frame: int) -> torch.Generator:
 def block_noise(shape: tuple[int, ...], seed: int, start_frame: int,
                 device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """Standard normal noise of `shape` for that block: drawn in float32 on the CPU, then
-    moved, so it depends on (seed, start_frame) alone."""
+    moved, so it depends on (seed, start_frame) alone. To a GPU it goes from pinned memory
+    without a host sync (the copy is queued on the current stream like the model's work)."""
     noise = torch.randn(shape, generator=block_generator(seed, start_frame))
+    if torch.device(device).type == "cuda":
+        return noise.pin_memory().to(device, non_blocking=True).to(dtype)
     return noise.to(device, dtype)
 
 

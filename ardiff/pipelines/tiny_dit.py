@@ -152,6 +152,13 @@ class TinyDiT(nn.Module):
         self.text = TextEncoder(c.dim, c.text_tokens)
         self.rotary = RotaryEmbedding(c.head_size, c.grid)
 
+    def layers(self, h: torch.Tensor, cond: torch.Tensor, rope: Rope, blk,
+               cross: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """The layer stack over tokens h [F * grid^2, dim] (what `runtime.compile` compiles)."""
+        for layer, block in enumerate(self.blocks):
+            h = block(h, cond, rope, blk, layer, cross[layer])
+        return h
+
     def text_kv(self, prompt: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
         text = self.text(prompt)
         return [block.cross_kv(text) for block in self.blocks]
@@ -163,8 +170,7 @@ class TinyDiT(nn.Module):
         rope = self.rotary.rope(blk.start_frame, num_frames, x.device)
         cond = self.time(torch.full((1,), t, device=x.device))  # [1, dim]
         h = self.patch_in(self.patches.patchify(x).flatten(0, 1))  # [F * grid^2, dim]
-        for layer, block in enumerate(self.blocks):
-            h = block(h, cond, rope, blk, layer, cross[layer])
+        h = self.layers(h, cond, rope, blk, cross)
         (final,) = self.final_modulation(cond)
         out = self.patch_out(final.modulate(self.final_norm(h)))
         return self.patches.unpatchify(out.unflatten(0, (num_frames, -1)))
@@ -181,6 +187,7 @@ class TinyCausalDiT:
         self._decoder_state: dict[str, torch.Tensor] = {}   # model-owned, per session
         self._prompts: dict[tuple[str, str], str] = {}      # (session, branch) -> cached prompt
         self.parallel: ardiff.ParallelContext | None = None  # CFG-parallel: this rank's branch
+        self._compiler = None                               # set by compile_layers
 
     # -- contract ------------------------------------------------------------------
     def ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
@@ -206,6 +213,18 @@ class TinyCausalDiT:
         self.device, self.dtype = torch.device(device), dtype
         self.model = model.to(self.device, dtype).eval()
         self.decoder = decoder.to(self.device, dtype).eval()
+        if self._compiler is not None:
+            self._compile()
+
+    def compile_layers(self, compiler) -> None:
+        """Compile the layer stack (`TinyDiT.layers`) with `compiler`, e.g. `torch.compile`;
+        each self-attention in it stays one `ardiff::paged_attend` call."""
+        self._compiler = compiler
+        if self.model is not None:
+            self._compile()
+
+    def _compile(self) -> None:
+        self.model.layers = self._compiler(TinyDiT.layers.__get__(self.model))
 
     def bind_ar_diffusion_parallel(self, context: ardiff.ParallelContext) -> None:
         """Run only `context.branch` of the CFG pair; the other rank runs the other one."""

@@ -2,7 +2,7 @@
 
 The format follows the output path's suffix:
 
-    .mp4   H.264 (libx264, yuv420p; crf 23, preset veryfast)
+    .mp4   H.264 (libx264, yuv420p; crf 23, preset ultrafast, one thread)
     .mkv   FFV1, lossless (default) or codec='h264'
     .webm  VP9 (libvpx-vp9, yuv420p, constant quality; crf 32)
     .gif   256-colour palette per frame, loops forever
@@ -12,7 +12,12 @@ The format follows the output path's suffix:
 
 `VideoWriter.write` hands blocks of frames to a background encoder thread
 through a queue of at most `queue_blocks` blocks, so memory does not grow with
-the length of the video; a full queue makes `write` wait (back-pressure).
+the length of the video; a full queue makes `write` wait (back-pressure). The
+encoder takes blocks in batches: it waits until `min(ENCODE_BATCH_BLOCKS,
+queue_blocks)` blocks are queued (or the run ends), then encodes every queued
+block, taking each from the queue as it starts on it. Encoding a frame the
+moment it comes, between two blocks of model work, costs ~1.0 ms of CPU per
+256x256 mp4 frame (cold caches each time); four at a time ~0.75 ms.
 
 Every finished frame stays playable, and a target is replaced only by a whole
 file. The writer encodes into a work file beside the target, unique to the
@@ -70,6 +75,7 @@ SUPPORTED_EXTENSIONS = tuple(kind for kind in encoders.FORMAT_CODECS if kind != 
 _RATE_MAX_DENOMINATOR = 1001  # NTSC rates (30000/1001) stay exact
 EXIT_WAIT_S = 5.0  # how long exit waits for an unclosed writer's encoder thread
 _END = None  # the queue's end marker
+ENCODE_BATCH_BLOCKS = 4  # see the module docstring
 
 
 def check_output_path(path: str | os.PathLike, codec: str | None = None,
@@ -134,7 +140,7 @@ class VideoWriter:
     """Encodes uint8 RGB frames to `path` on a background thread, block by block.
 
     Invariants: at most `queue_blocks` blocks wait in memory (plus the one being
-    encoded); every frame has the size of the first; `close` (or leaving a `with`
+    encoded), encoded in batches (see the module docstring); every frame has the size of the first; `close` (or leaving a `with`
     block, normally or by an exception) finalizes the file with every frame encoded
     so far. Raises OutputPathError / ConfigError for a bad path, codec, crf, preset,
     fps or queue size; EncoderError from `write`/`close` once encoding has failed.
@@ -156,6 +162,7 @@ class VideoWriter:
         work = disk.work_path(self.path, folder=kind == encoders.DIRECTORY)
         self._encoder = encoders.make_encoder(work, rate, settings)  # creates nothing yet
         self._queue: queue.Queue[np.ndarray | None] = queue.Queue(maxsize)
+        self._batch_blocks = min(ENCODE_BATCH_BLOCKS, maxsize)
         self._thread = threading.Thread(target=self._run, name=f"ardiff-video:{self.path.name}",
                                         daemon=True)
         # At exit, if never closed: stop the encoder first (it may still create its space
@@ -220,19 +227,35 @@ class VideoWriter:
                 exc.add_note(str(err))
 
     def _run(self) -> None:
-        """Encoder thread: encode blocks until the end marker, then finish the file.
+        """Encoder thread: encode blocks in batches until the end marker, then finish the file.
 
         After a failure the file is finished at once and later blocks are taken and
-        dropped, so a producer waiting on a full queue is never stuck.
+        dropped, so a producer waiting on a full queue is never stuck (a full queue
+        holds a whole batch).
         """
-        while (block := self._queue.get()) is not _END:
-            if self._error is None:
-                try:
-                    self._encoder.write(block)
-                except BaseException as exc:  # noqa: BLE001 - handed to the producer thread
-                    self._error = exc
+        while True:
+            for _ in range(self._wait_for_batch()):
+                block = self._queue.get()  # one at a time: the queue bounds the memory
+                if block is _END:
                     self._finish_encoder()
-        self._finish_encoder()
+                    return
+                self._encode(block)
+
+    def _wait_for_batch(self) -> int:
+        """Wait until a batch of blocks, or the end marker, is queued; how many are queued."""
+        blocks, ready = self._queue.queue, self._queue.not_empty  # not_empty holds the mutex
+        with ready:
+            while len(blocks) < self._batch_blocks and not (blocks and blocks[-1] is _END):
+                ready.wait()
+            return len(blocks)
+
+    def _encode(self, block: np.ndarray) -> None:
+        if self._error is None:
+            try:
+                self._encoder.write(block)
+            except BaseException as exc:  # noqa: BLE001 - handed to the producer thread
+                self._error = exc
+                self._finish_encoder()
 
     def _finish_encoder(self) -> None:
         try:

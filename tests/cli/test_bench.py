@@ -1,8 +1,8 @@
 """`ardiff bench`: the numbers it prints come from real side-by-side runs.
 
-Bench times the start-up of six fresh `ardiff` processes (4 s on two cores): the in-process
-runs record which command lines it would time instead, and one slow test times the
-installed command."""
+Bench times the start-up of ten fresh `ardiff` processes (seconds on two cores): the
+in-process runs record which command lines it would time instead, and one slow test times
+the installed command."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from ardiff_cli.bench import startup_seconds
 from ardiff_cli.main import app
 
-STARTUP_S = 0.25  # what the recorded start-up timings report
+STARTUP_S = {"wall": [0.25, 0.2, 0.3], "cpu": [0.2, 0.2, 0.2]}  # recorded start-up timings
 
 TINY = {"pipeline": {"entry": "ardiff.pipelines.synthetic:SyntheticAttention",
                      "args": {"num_layers": 1, "num_kv_heads": 1, "head_size": 8,
@@ -37,7 +37,7 @@ def timed_commands(monkeypatch) -> list[list[str]]:
     """The `ardiff` command lines bench asks to time, each reported as STARTUP_S."""
     timed = []
 
-    def record(args: list[str]) -> float:
+    def record(args: list[str]) -> dict[str, list[float]]:
         timed.append(args)
         return STARTUP_S
 
@@ -45,19 +45,26 @@ def timed_commands(monkeypatch) -> list[list[str]]:
     return timed
 
 
-def test_bench_json_has_both_backends_equal_frames_and_exact_paged_bytes(tmp_path,
+def test_bench_json_has_paired_ratios_equal_frames_and_exact_paged_bytes(tmp_path,
                                                                          timed_commands):
     result = run_bench(tmp_path, "--sweep-frames", "8,40", "--json", "-")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout[result.stdout.index("{"):])
-    paged, dense = data["backends"]["paged"], data["backends"]["dense"]
-    assert paged["median_block_s"] > 0 and dense["median_block_s"] > 0
-    assert data["paged_over_dense"] == paged["median_block_s"] / dense["median_block_s"]
-    assert data["max_abs_frame_diff"] <= 1
+    paged, dense = data["arms"]["paged"], data["arms"]["dense"]
+    for arm in (paged, dense):  # 2 repeats x 2 blocks, wall and model-thread CPU
+        assert arm["wall_s"]["n"] == arm["cpu_s"]["n"] == 4 and arm["wall_s"]["median"] > 0
+    ratio = data["ratios"]["paged/dense"]["wall"]
+    assert ratio["n"] == 4 and ratio["p10"] <= ratio["median"] <= ratio["p90"]
+    assert data["max_abs_frame_diff"]["paged/dense"] <= 1
     assert paged["kv_bytes_vs_plan_min"] == 1.0
-    assert data["encode"]["with_s"] > 0 and data["encode"]["overhead"] is not None
+    encode = data["encode"]
+    assert 0 < encode["share"]["median"] and encode["share"]["n"] == 2
+    assert encode["frames"] == 2 * 32 * 2 and encode["bytes_per_frame"] > 0  # 32 blocks of 2
     assert [p["frames"] for p in data["sweep"]] == [8, 40]
-    assert data["startup_s"] == {"help": STARTUP_S, "inspect_spec": STARTUP_S}
+    assert data["startup_s"]["help"]["wall"] == pytest.approx(
+        {"median": 0.25, "p10": 0.21, "p90": 0.29, "n": 3})
+    assert data["startup_s"]["help"]["cpu"]["median"] == pytest.approx(0.2)
+    assert data["machine"]["torch_threads"] == 1
     assert timed_commands == [["--help"], ["inspect-spec", str(tmp_path / "bench.yaml")]]
     # The window bounds the pages whatever the length: history + one block in flight.
     assert data["sweep"][0]["pages_in_use_max"] == data["sweep"][1]["pages_in_use_max"]
@@ -67,9 +74,23 @@ def test_bench_table_prints_targets_and_no_encode_skips_the_encode_runs(tmp_path
                                                                         timed_commands):
     result = run_bench(tmp_path, "--no-encode")
     assert result.exit_code == 0, result.output
-    assert "paged / dense" in result.stdout and "<= 1.03" in result.stdout
-    assert "encode overhead" not in result.stdout
+    assert "paged / dense (wall)" in result.stdout and "<= 1.03" in result.stdout
+    assert "paged / dense (CPU)" in result.stdout
+    assert "ardiff / reference loop" in result.stdout and "hand-written" in result.stdout
+    assert "compile_layers" in result.stdout  # the synthetic pipeline cannot be compiled
+    assert "encode share" not in result.stdout
     assert "start-up" in result.stdout and "250.0 ms" in result.stdout
+
+
+def test_markdown_prints_a_table_to_paste_with_the_load_it_ran_under(tmp_path,
+                                                                     timed_commands):
+    result = run_bench(tmp_path, "--no-encode", "--no-compile", "--markdown")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert "load average" in lines[0] and "1 torch thread" in lines[0]
+    assert lines[2] == "| measure | median | p10-p90 | target |  |"
+    assert any(line.startswith("| paged / dense (wall) | ") for line in lines)
+    assert any(line.startswith("| eager / compiled | - (not asked for") for line in lines)
 
 
 def test_a_bad_sweep_is_a_usage_error(tmp_path):
@@ -80,8 +101,10 @@ def test_a_bad_sweep_is_a_usage_error(tmp_path):
 
 @pytest.mark.slow
 def test_startup_seconds_times_the_installed_command():
-    seconds = startup_seconds(["--help"], runs=1)
-    assert seconds is not None and seconds > 0, "no ardiff command is installed"
+    seconds = startup_seconds(["--help"], runs=2)
+    assert seconds is not None, "no ardiff command is installed"
+    assert len(seconds["wall"]) == len(seconds["cpu"]) == 2
+    assert min(seconds["wall"]) > 0 and min(seconds["cpu"]) > 0
 
 
 @pytest.mark.parametrize("name, fragment", [
@@ -114,3 +137,14 @@ def test_a_json_file_that_cannot_be_written_is_one_error_line_after_the_table(tm
         "error: --json: cannot write '/dev/full' (OSError: [Errno 28] No space left on device); "
         "check free disk space and permissions")
     assert "Traceback" not in result.output
+
+
+def test_no_config_benches_the_embedded_default_against_its_reference_loop(timed_commands):
+    result = CliRunner().invoke(app, ["bench", "--blocks", "1", "--repeats", "1", "--no-encode",
+                                      "--no-compile", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout[result.stdout.index("{"):])
+    assert data["ratios"]["ardiff/reference"]["wall"]["n"] == 1
+    assert data["max_abs_frame_diff"]["ardiff/reference"] == 0
+    assert timed_commands[1][0] == "inspect-spec"
+    assert Path(timed_commands[1][1]).name == "default.yaml"

@@ -42,7 +42,10 @@ def test_layout_and_bytes(page_tokens, dtype, torch_dtype):
 def test_cache_allocates_exactly_the_plan():
     plan = plan_for(spec_(), page_tokens=2, max_sessions=2)
     cache = create_cache(plan, "paged")
-    assert cache.pool.num_pages == plan.total_pages == cache.storage.k[0].shape[0]
+    assert plan.total_pages == cache.storage.k[0].shape[0]
+    assert cache.pool.num_pages == plan.total_pages - plan.register_pages  # registers: per slot
+    assert [s.register_pages for s in cache.slots] == [list(range(cache.pool.num_pages,
+                                                                plan.total_pages))]
     stats = cache.stats()
     assert (stats.pages_total, stats.pages_in_use, stats.kv_bytes_allocated) == (
         plan.total_pages, 0, plan.page_bytes * plan.total_pages)
@@ -123,8 +126,10 @@ def test_poison_fills_free_and_evicted_pages_with_nan():
         seen_pages |= after
         evicted = before - after
         assert _is_nan(storage, evicted)
-        free = set(range(plan.total_pages)) - after
-        assert _is_nan(storage, free), "in-flight, register and evicted pages are NaN once free"
+        free = set(range(cache.pool.num_pages)) - after
+        assert _is_nan(storage, free), "in-flight and evicted pages are NaN once free"
+        registers = cache.slots[0].register_pages
+        assert _is_nan(storage, registers), "the eager path stores no register tokens"
         assert not any(torch.isnan(t[sorted(after)]).any() for t in storage.k), "history is data"
     assert seen_pages - after, "the window evicted something"
     cache.release_session("s")

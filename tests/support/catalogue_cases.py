@@ -267,6 +267,10 @@ CASES = [
          args=("--set", "output.crf=99")),
     Case("too many sessions", 2, r"^runtime\.max_sessions: 100000 is invalid; it must be <= "
          r"65536", config={"runtime": {"max_sessions": 100000}}),
+    Case("`runtime.compile` on a pipeline that cannot compile", 2, r"^runtime\.compile: true "
+         r"needs a pipeline with a compile_layers\(compiler\) method, and "
+         r"fault_pipelines\.py:FaultPipeline has none; set runtime\.compile: false$",
+         args=("--set", "runtime.compile=true")),
     Case("budget beyond any device", 2, r"^runtime\.memory_budget: '2000TiB' is more than "
          r"1024TiB, the largest budget ardiff plans; give what the device has, like 80GiB",
          args=("--budget", "2000TiB")),

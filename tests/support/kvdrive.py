@@ -111,7 +111,8 @@ def paged_tables(cache: PagedKVCache) -> dict[tuple[str, str], object]:
 def check_pool(cache: PagedKVCache) -> None:
     """With no block open: pages used == pages held by tables, none twice, each session bounded."""
     pool, plan = cache.pool, cache.plan
-    assert pool.num_free + pool.num_used == pool.num_pages == plan.total_pages
+    # The pool holds history and in-flight pages; register pages are reserved per local slot.
+    assert pool.num_free + pool.num_used == pool.num_pages == plan.total_pages - plan.register_pages
     held: list[int] = []
     per_session: dict[str, int] = {}
     for (sid, _), table in paged_tables(cache).items():

@@ -24,7 +24,7 @@ from PIL import Image
 
 from ardiff.errors import EncoderError
 from ardiff.video import encoders
-from ardiff.video.writer import VideoWriter
+from ardiff.video.writer import ENCODE_BATCH_BLOCKS, VideoWriter
 
 H, W = 8, 8
 
@@ -53,8 +53,9 @@ def values(path: Path) -> list[int]:
 # -- work files ---------------------------------------------------------------------------------
 def test_each_writer_encodes_into_its_own_hidden_work_file(tmp_path):
     first, second = VideoWriter(tmp_path / "out.npy", 8), VideoWriter(tmp_path / "out.npy", 8)
-    first.write(flat(1, 2))
-    second.write(flat(2, 2))
+    for _ in range(ENCODE_BATCH_BLOCKS):  # the encoders start on a whole batch
+        first.write(flat(1, 2))
+        second.write(flat(2, 2))
     deadline = time.monotonic() + 5
     while len(work_files(tmp_path)) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -16,7 +16,8 @@ from PIL import Image
 
 from ardiff.video import encoders
 from ardiff.errors import ConfigError, EncoderError, OutputPathError
-from ardiff.video.writer import SUPPORTED_EXTENSIONS, VideoInfo, VideoWriter, check_output_path
+from ardiff.video.writer import (ENCODE_BATCH_BLOCKS, SUPPORTED_EXTENSIONS, VideoInfo, VideoWriter,
+                                 check_output_path)
 
 H, W = 16, 24
 
@@ -251,6 +252,22 @@ def test_write_waits_when_the_queue_is_full(tmp_path, monkeypatch):
     release.set()
     producer.join(10)
     assert writer.close().frames == 10
+
+
+def test_the_encoder_starts_on_a_whole_batch_and_close_encodes_the_rest(tmp_path):
+    writer = VideoWriter(tmp_path / "out.npy", 16)
+    for index in range(ENCODE_BATCH_BLOCKS - 1):
+        writer.write(make_frames(1, seed=index))
+    time.sleep(0.2)
+    assert writer._encoder.frames == 0  # waiting for the batch: nothing encoded yet
+    writer.write(make_frames(1, seed=99))
+    deadline = time.monotonic() + 10
+    while writer._encoder.frames < ENCODE_BATCH_BLOCKS and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert writer._encoder.frames == ENCODE_BATCH_BLOCKS
+    writer.write(make_frames(1, seed=100))  # less than a batch: close encodes it
+    assert writer.close().frames == ENCODE_BATCH_BLOCKS + 1
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy")[-1], make_frames(1, seed=100)[0])
 
 
 # --- misuse -----------------------------------------------------------------------------

@@ -157,12 +157,21 @@ class BouncingDiT(nn.Module):
         `conditioning(t)` of its noise level, `inputs` the `frame_inputs` of its action at
         position blk.start_frame."""
         assert inputs.positions.tolist() == [blk.start_frame], "frame inputs of another frame"
+        h = self.patch_in(self.patches.patchify(x[None])) + self.cell  # [1, 1, T, dim]
+        h = self.block_layers(h, conditioning.layers, inputs.rope, inputs.registers, blk)
+        out = self.patch_out(conditioning.final.modulate(self.final_norm(h)))
+        return self.patches.unpatchify(out)[0]
 
-        def attend(index, q, k, v, rk, rv):
+    def block_layers(self, h, layer_mods, rope: Rope, registers, blk):
+        """The layer stack of `forward_block` over h [1, 1, T, dim], attending through the KV
+        `blk` (what `runtime.compile` compiles); the same ops in the same order as `_run`."""
+        for index, layer in enumerate(self.layers):
+            mods = layer_mods[index]
+            q, k, v = layer.project(h, mods[0], rope)            # [1, 1, T, heads, hs]
+            rk, rv = registers[index]
             out = blk.attend(index, q[0, 0], k[0, 0], v[0, 0], extra_k=rk[0, 0], extra_v=rv[0, 0])
-            return out[None, None]
-
-        return self._run(x[None], conditioning, inputs, attend)[0]
+            h = layer.finish(h, out[None, None], mods)
+        return h
 
     def forward_frames(self, frames, t, actions, positions, noisy):
         """A block-causal pass over clips. frames [B, S, 3, size, size] at noise levels

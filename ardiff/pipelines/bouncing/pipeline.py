@@ -50,6 +50,7 @@ class BouncingWorld:
         self.device, self.dtype = torch.device("cpu"), torch.float32
         self._worlds: dict[str, sim.SimState] = {}
         self._levels: dict[float, Conditioning] = {}  # noise level -> model conditioning
+        self._compiler = None                          # set by compile_layers
 
     def ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
         c = self.config
@@ -68,6 +69,15 @@ class BouncingWorld:
             torch.set_num_threads(self.config.cpu_threads)
         self.model = load_weights(self.config).to(self.device, dtype).eval()
         self._levels.clear()
+        if self._compiler is not None:
+            self.model.block_layers = self._compiler(BouncingDiT.block_layers.__get__(self.model))
+
+    def compile_layers(self, compiler) -> None:
+        """Compile the layer stack (`BouncingDiT.block_layers`) with `compiler`, e.g.
+        `torch.compile`; each self-attention in it stays one `ardiff::paged_attend` call."""
+        self._compiler = compiler
+        if self.model is not None:
+            self.model.block_layers = compiler(BouncingDiT.block_layers.__get__(self.model))
 
     def reset_ar_diffusion_session(self, session_id: str) -> None:
         self._worlds.pop(session_id, None)

@@ -1,0 +1,73 @@
+"""What encoding the video costs beside the model: the encoder's CPU over the model thread's.
+
+One session of at least ENCODE_MIN_BLOCKS blocks writes its frames to the config's output
+format (settings as `ardiff rollout` uses them) in a temporary folder. The model thread's
+CPU time is its own (`time.thread_time`); everything else the process spends meanwhile
+(the writer's thread, the codec's own threads) is the encoder's:
+
+    encode share = (process CPU - model thread CPU) / model thread CPU
+
+With one torch thread nothing else runs, so the share is not moved by machine load the
+way a with/without wall-time difference is.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ardiff.bench.arms import RunnerArm
+from ardiff.bench.spread import Spread
+from ardiff.video.writer import VideoWriter, output_kind
+
+ENCODE_MIN_BLOCKS = 32  # the per-file cost of opening and finishing weighs against some length
+ENCODED = (".mp4", ".mkv", ".webm", ".gif", ".webp")
+DEFAULT_SUFFIX = ".mp4"  # a PNG folder or .npy output is measured as the default mp4
+
+
+@dataclass
+class EncodeRun:
+    model_cpu_s: float
+    encoder_cpu_s: float
+    write_cpu_s: float  # of model_cpu_s: handing frames to the writer (copy, queue)
+    frames: int
+    bytes: int
+
+    @property
+    def share(self) -> float:
+        return self.encoder_cpu_s / self.model_cpu_s
+
+
+def measure_encode(arm: RunnerArm, blocks: int, tag: str) -> EncodeRun:
+    """One session of `blocks` (at least ENCODE_MIN_BLOCKS) blocks, encoded as it runs."""
+    out = arm.config.output
+    blocks = max(blocks, ENCODE_MIN_BLOCKS)
+    kind = output_kind(str(out.path))
+    settings = ({"codec": out.codec, "crf": out.crf, "preset": out.preset}
+                if kind in ENCODED else {})  # else the default mp4, with its defaults
+    suffix = kind if kind in ENCODED else DEFAULT_SUFFIX
+    with tempfile.TemporaryDirectory() as tmp:
+        arm.open(f"encode-{tag}")
+        with VideoWriter(Path(tmp) / f"bench{suffix}", out.fps, **settings) as writer:
+            process, model, write = time.process_time(), time.thread_time(), 0.0
+            for _ in range(blocks):
+                frames = arm.advance()
+                start = time.thread_time()
+                writer.write(frames)
+                write += time.thread_time() - start
+            info = writer.close()
+            model = time.thread_time() - model
+            process = time.process_time() - process
+        arm.close()
+    return EncodeRun(model, process - model, write, info.frames, info.bytes)
+
+
+def summarize(runs: list[EncodeRun]) -> dict:
+    frames = sum(r.frames for r in runs)
+    return {"share": Spread.of([r.share for r in runs]).to_dict(),
+            "encoder_cpu_ms_per_frame": 1e3 * sum(r.encoder_cpu_s for r in runs) / frames,
+            "model_cpu_ms_per_frame": 1e3 * sum(r.model_cpu_s for r in runs) / frames,
+            "write_cpu_ms_per_frame": 1e3 * sum(r.write_cpu_s for r in runs) / frames,
+            "bytes_per_frame": sum(r.bytes for r in runs) / frames, "frames": frames}

@@ -1,0 +1,182 @@
+"""`run_bench`: every arm over one loaded pipeline, alternating block by block.
+
+    arms:  paged, dense (ardiff's two KV backends), reference (a hand-written loop over
+           the same weights, where one ships), compiled (paged with runtime.compile)
+    repeat r:  each arm opens a fresh session and fills its window (untimed), then
+               block i runs on every arm in turn, the first arm rotating per block:
+               paged dense ref comp | dense ref comp paged | ...
+
+Block i of every arm does the same work at nearly the same moment, so per-block ratios
+(paired) cancel most of what a loaded machine does to the times; medians and p10-p90 of
+those ratios are the result. Torch runs `threads` threads (default 1) so the model's
+work is on the calling thread and its CPU time (`time.thread_time`) is measured too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable
+
+import torch
+
+from ardiff.bench import encode as encode_share
+from ardiff.bench.arms import Arm, LoopArm, RunnerArm
+from ardiff.bench.references import reference_loop
+from ardiff.bench.report import RATIOS, BenchReport, load_average
+from ardiff.config.run import RunConfig, with_base_dir
+from ardiff.engine.build import build_runner, resolve
+from ardiff.engine.runner import Runner
+from ardiff.rollout.report import peak_rss_bytes
+from ardiff.sizes import ceil_div
+
+NO_COMPILE = "runtime.compile is not in this build of ardiff"
+NO_COMPILE_LAYERS = "the pipeline offers no compile_layers"
+COMPILE_ERROR_CHARS = 160  # of a failed compile's message, in the report
+
+
+def current_rss_bytes() -> int:
+    """Resident set size now (Linux: /proc/self/statm counts pages)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def run_bench(config: RunConfig, blocks: int = 8, repeats: int = 3,
+              sweep_frames: list[int] | None = None, encode: bool = True,
+              compiled: bool = True, threads: int = 1,
+              on_progress: Callable[[str], None] | None = None) -> BenchReport:
+    """Measure the arms side by side; optionally the encode share and RSS against length.
+
+    Torch runs `threads` intra-op threads meanwhile (restored after). The runners it
+    builds are closed on every exit, an exception included."""
+    say = on_progress or (lambda message: None)
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    runners: dict[str, Runner] = {}
+    try:
+        report = _measure(config, blocks, repeats, compiled, threads, runners, say)
+        paged = report.arms["paged"]
+        if encode:
+            runs = []
+            for rep in range(repeats):
+                say(f"encode {rep + 1}/{repeats}")
+                runs.append(encode_share.measure_encode(paged, blocks, str(rep)))
+            report.encode = encode_share.summarize(runs)
+        for frames_total in sweep_frames or []:
+            say(f"sweep: {frames_total} frames")
+            report.sweep.append(_sweep_point(paged, frames_total))
+        report.peak_rss_bytes = peak_rss_bytes()
+        report.load_after = load_average()
+        return report
+    finally:
+        for runner in runners.values():
+            runner.close()
+        torch.set_num_threads(previous_threads)
+
+
+def _measure(config: RunConfig, blocks: int, repeats: int, compiled: bool, threads: int,
+             runners: dict[str, Runner], say: Callable[[str], None]) -> BenchReport:
+    unavailable: dict[str, str] = {}
+    why_not = _build_runners(config, compiled, runners)
+    if why_not:
+        unavailable["compiled"] = why_not
+    warmup_s = _warm_up(runners, unavailable, say)
+    plan = runners["paged"].plan
+    arms: dict[str, Arm] = {name: RunnerArm(name, runners[name], config)
+                            for name in ("paged", "dense")}
+    new_loop, why_not = reference_loop(runners["paged"].pipeline, plan.spec)
+    if new_loop is None:
+        unavailable["reference"] = why_not
+    else:
+        arms["reference"] = LoopArm("reference", new_loop, config, plan.spec)
+    if "compiled" in runners:
+        arms["compiled"] = RunnerArm("compiled", runners["compiled"], config)
+    report = BenchReport(blocks, repeats, threads, plan.page_bytes * plan.total_pages, arms,
+                         unavailable, warmup_s=warmup_s)
+    for rep in range(repeats):
+        say(f"repeat {rep + 1}/{repeats}: {', '.join(arms)}, alternating per block")
+        _alternate(list(arms.values()), blocks, rep)
+        _compare_frames(report)
+        for name, runner in runners.items():
+            allocated = runner.cache.stats().kv_bytes_allocated
+            report.kv_bytes_allocated[name] = max(report.kv_bytes_allocated.get(name, 0),
+                                                  allocated)
+        for arm in arms.values():
+            arm.close()
+    return report
+
+
+def _warm_up(runners: dict[str, Runner], unavailable: dict[str, str],
+             say: Callable[[str], None]) -> dict[str, float]:
+    """Each runner's warmup seconds. A compiled runner whose warmup (where it compiles)
+    fails is closed and dropped, and `unavailable` says why: compiling is the arm on trial."""
+    warmup_s = {}
+    for name, runner in list(runners.items()):
+        say(f"warmup: {name}")
+        try:
+            warmup_s[name] = runner.warmup().total_s
+        except Exception as exc:
+            if name != "compiled":
+                raise
+            runners.pop(name).close()
+            first_line = " ".join(str(exc).split())[:COMPILE_ERROR_CHARS]
+            unavailable[name] = f"failed: {type(exc).__name__}: {first_line}"
+    return warmup_s
+
+
+def _build_runners(config: RunConfig, compiled: bool, runners: dict[str, Runner]) -> str | None:
+    """Into `runners`: paged and dense over one loaded pipeline, and `compiled` (paged, with
+    runtime.compile, over a second copy of the pipeline: compiling changes the pipeline it
+    is given) when asked and possible; each sized for one session. Returns why there is no
+    compiled runner (None when there is one). The caller closes them."""
+    can_compile = "compile" in {f.name for f in dataclasses.fields(config.runtime)}
+    eager = _with_runtime(config, max_sessions=1, **({"compile": False} if can_compile else {}))
+    resolved = resolve(eager)
+    for i, backend in enumerate(("paged", "dense")):
+        runners[backend] = build_runner(eager, resolved, load_weights=i == 0, backend=backend)
+    if not compiled:
+        return "not asked for (--no-compile)"
+    if not can_compile:
+        return NO_COMPILE
+    config_c = _with_runtime(eager, compile=True)
+    resolved_c = resolve(config_c)
+    if not callable(getattr(resolved_c.pipeline, "compile_layers", None)):
+        return NO_COMPILE_LAYERS
+    runners["compiled"] = build_runner(config_c, resolved_c, backend="paged")
+    return None
+
+
+def _with_runtime(config: RunConfig, **changes) -> RunConfig:
+    runtime = dataclasses.replace(config.runtime, **changes)
+    return with_base_dir(dataclasses.replace(config, runtime=runtime), config.base_dir)
+
+
+def _alternate(arms: list[Arm], blocks: int, rep: int) -> None:
+    for arm in arms:
+        arm.open(str(rep))
+    for i in range(blocks):
+        first = (rep * blocks + i) % len(arms)
+        for arm in arms[first:] + arms[:first]:
+            arm.step()
+
+
+def _compare_frames(report: BenchReport) -> None:
+    """Largest |difference| of the frames each ratio's two arms made this repeat."""
+    for name, a, b in RATIOS:
+        if a in report.arms and b in report.arms:
+            frames = [torch.cat(report.arms[x].frames).int() for x in (a, b)]
+            diff = int((frames[0] - frames[1]).abs().max())
+            report.max_abs_frame_diff[name] = max(report.max_abs_frame_diff.get(name, 0), diff)
+
+
+def _sweep_point(arm: RunnerArm, frames_total: int) -> dict[str, int]:
+    runner = arm.runner
+    blocks = ceil_div(frames_total, runner.plan.spec.frames_per_block)
+    pages_max = 0
+    arm.open(f"sweep-{frames_total}", fill=False)
+    for _ in range(blocks):
+        arm.advance()
+        pages_max = max(pages_max, runner.cache.stats().pages_in_use or 0)
+    arm.close()
+    return {"frames": blocks * runner.plan.spec.frames_per_block,
+            "pages_in_use_max": pages_max, "rss_bytes": current_rss_bytes()}

@@ -1,0 +1,158 @@
+"""`ardiff bench` numbers as rows (measure, median, p10-p90, target, met?), printed as a Rich
+table or as Markdown to paste. Targets are printed beside the numbers, never asserted."""
+
+from __future__ import annotations
+
+from ardiff.sizes import format_bytes
+
+RATIO_TARGETS = {"paged/dense": 1.03, "ardiff/reference": 1.05}
+RATIO_LABELS = {"paged/dense": "paged / dense", "ardiff/reference": "ardiff / reference loop",
+                "eager/compiled": "eager / compiled"}
+ENCODE_SHARE_TARGET = 0.05
+HELP_TARGET_S = 0.3
+RSS_GROWTH_TARGET = 0.05
+MIN_WIDTH = 120
+HEADER = ("measure", "median", "p10-p90", "target", "")
+
+
+def seconds(value: float | None) -> str:
+    return "-" if value is None else (f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s")
+
+
+def _mark(ok: bool | None) -> str:
+    return "" if ok is None else ("met" if ok else "MISSED")
+
+
+def _spread(spread: dict | None, fmt) -> tuple[str, str]:
+    if spread is None:
+        return "-", ""
+    return fmt(spread["median"]), f"{fmt(spread['p10'])} - {fmt(spread['p90'])}"
+
+
+def _ratio(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def _percent(x: float) -> str:
+    return f"{x * 100:.1f}%"
+
+
+def title(data: dict, config: str) -> str:
+    m = data["machine"]
+    load = " ".join(f"{x:g}" for x in m["load_before"])
+    after = " ".join(f"{x:g}" for x in m["load_after"])
+    threads = f"{m['torch_threads']} torch thread" + ("s" if m["torch_threads"] > 1 else "")
+    return (f"ardiff bench {config}: {data['repeats']} repeats x {data['blocks']} blocks per arm, "
+            f"alternating per block; {threads}, {m['cpus']} CPUs, load average {load} "
+            f"(after: {after})")
+
+
+def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
+    """Every row of the bench table, in order."""
+    out = []
+    for name, arm in data["arms"].items():
+        out.append((f"{name}: wall per block", *_spread(arm["wall_s"], seconds), "", ""))
+        out.append((f"{name}: model-thread CPU per block", *_spread(arm["cpu_s"], seconds),
+                    "", ""))
+    out += _ratio_rows(data)
+    for name, diff in data["max_abs_frame_diff"].items():
+        out.append((f"max |frame difference|, {RATIO_LABELS[name]}", str(diff), "", "", ""))
+    out += _kv_rows(data) + _encode_rows(data) + _sweep_rows(data) + _startup_rows(data)
+    return out
+
+
+def _ratio_rows(data: dict) -> list[tuple]:
+    out = []
+    for name, label in RATIO_LABELS.items():
+        ratio = data["ratios"][name]
+        target = RATIO_TARGETS.get(name)
+        if ratio is None:
+            arm = name.split("/")[1]
+            out.append((label, f"- ({data['unavailable'].get(arm, 'not run')})", "", "", ""))
+            continue
+        median = ratio["wall"]["median"]
+        out.append((f"{label} (wall)", *_spread(ratio["wall"], _ratio),
+                    f"<= {target:.2f}" if target else "",
+                    _mark(median <= target) if target else ""))
+        out.append((f"{label} (CPU)", *_spread(ratio["cpu"], _ratio), "", ""))
+    if data["compile_s"] is not None:
+        out.append(("compile time (compiled - eager warmup)", seconds(data["compile_s"]),
+                    "", "", ""))
+    return out
+
+
+def _kv_rows(data: dict) -> list[tuple]:
+    out = []
+    for name in ("paged", "dense"):
+        arm = data["arms"][name]
+        if arm["kv_bytes_allocated"] is None:
+            continue
+        exact = abs(arm["kv_bytes_vs_plan_min"] - 1) < 0.005
+        out.append((f"KV bytes, {name} (/ plan minimum)",
+                    f"{format_bytes(arm['kv_bytes_allocated'])} "
+                    f"({arm['kv_bytes_vs_plan_min']:.2f})", "",
+                    "= 1.00" if name == "paged" else "", _mark(exact) if name == "paged" else ""))
+    return out
+
+
+def _encode_rows(data: dict) -> list[tuple]:
+    enc = data["encode"]
+    if enc is None:
+        return []
+    share = enc["share"]
+    return [("encode share (encoder CPU / model CPU)", *_spread(share, _percent),
+             "<= 5%", _mark(share["median"] <= ENCODE_SHARE_TARGET)),
+            ("encoder / model CPU per frame",
+             f"{enc['encoder_cpu_ms_per_frame']:.2f} / {enc['model_cpu_ms_per_frame']:.2f} ms",
+             "", "", ""),
+            ("video bytes per frame", f"{enc['bytes_per_frame']:.0f} B", "", "", "")]
+
+
+def _sweep_rows(data: dict) -> list[tuple]:
+    out = [(f"{p['frames']} frames: pages in use / RSS",
+            f"{p['pages_in_use_max']} / {format_bytes(p['rss_bytes'])}", "", "", "")
+           for p in data["sweep"]]
+    growth = data["rss_growth"]
+    if growth is not None:
+        out.append(("RSS growth first -> last", _percent(growth), "", "<= 5%",
+                    _mark(growth <= RSS_GROWTH_TARGET)))
+    out.append(("peak RSS", format_bytes(data["peak_rss_bytes"]), "", "", ""))
+    return out
+
+
+def _startup_rows(data: dict) -> list[tuple]:
+    startup = data.get("startup_s") or {}
+    out = []
+    for name, label in (("help", "`ardiff --help`"), ("inspect_spec", "`ardiff inspect-spec`")):
+        times = startup.get(name)
+        if times is None:
+            continue
+        help_row = name == "help"
+        out.append((f"{label} start-up (wall)", *_spread(times["wall"], seconds),
+                    "< 0.3 s" if help_row else "",
+                    _mark(times["wall"]["median"] < HELP_TARGET_S) if help_row else ""))
+        out.append((f"{label} start-up (CPU)", *_spread(times["cpu"], seconds), "", ""))
+    return out
+
+
+def print_bench(data: dict, config: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title(data, config), title_justify="left")
+    for column in HEADER:
+        table.add_column(column)
+    for row in rows(data):
+        table.add_row(*row)
+    console = Console()
+    console.width = max(console.width, MIN_WIDTH)  # a pipe is 80 columns: too narrow
+    console.print(table)
+
+
+def markdown(data: dict, config: str) -> str:
+    """The table as GitHub Markdown, its title as the line above."""
+    lines = [title(data, config), "", "| " + " | ".join(HEADER) + " |",
+             "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |"
+              for row in rows(data)]
+    return "\n".join(lines)
