@@ -22,12 +22,12 @@ TINY = {"pipeline": {"entry": "ardiff.pipelines.synthetic:SyntheticAttention",
 
 def test_bench_measures_the_preview_and_draws_the_plot(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    monkeypatch.setattr("ardiff_cli.bench.startup_seconds", lambda args: 0.1)
+    monkeypatch.setattr("ardiff_cli.bench.startup_seconds", lambda args: {"wall": [0.1], "cpu": [0.1]})
     config = tmp_path / "bench.yaml"
     config.write_text(yaml.safe_dump(TINY))
     plot = tmp_path / "bench.png"
     result = CliRunner().invoke(app, ["bench", str(config), "--blocks", "1", "--repeats", "2",
-                                      "--no-encode", "--preview", "--plot", str(plot),
+                                      "--no-encode", "--no-compile", "--preview", "--plot", str(plot),
                                       "--json", "-"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout[result.stdout.index("{"):])
