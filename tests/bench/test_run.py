@@ -56,12 +56,22 @@ class Recorder:
         self.calls.append(self.name)
 
 
-def test_arms_alternate_block_by_block_and_the_first_arm_rotates():
+def test_arms_alternate_block_by_block_rotating_and_reversing():
     calls: list[str] = []
     arms = [Recorder(name, calls) for name in "abc"]
-    run._alternate(arms, blocks=3, rep=1)  # repeat 1 goes on where repeat 0 stopped
+    run._alternate(arms, blocks=3, rep=1)  # repeat 1 goes on where repeat 0 stopped (step 3)
 
-    assert calls == ["open a", "open b", "open c", "a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert calls == ["open a", "open b", "open c", "a", "c", "b", "c", "a", "b", "b", "a", "c"]
+
+
+def test_over_a_cycle_every_arm_runs_first_equally_often_and_follows_every_other():
+    arms = ["paged", "dense", "reference", "compiled"]
+    orders = [run.block_order(arms, step) for step in range(2 * len(arms))]
+    firsts = [order[0] for order in orders]
+    assert sorted(firsts) == sorted(arms * 2)
+    follows = {(order[k], order[k + 1]) for order in orders for k in range(len(arms) - 1)}
+    assert {pair for pair in follows if pair[1] == "paged"} == {
+        ("dense", "paged"), ("compiled", "paged")}   # a cyclic order had only compiled
 
 
 def test_paired_ratios_and_their_spread_by_hand():
