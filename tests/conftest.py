@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import textwrap
@@ -14,6 +15,16 @@ import torch
 from typer.testing import CliRunner, Result
 
 PIPELINES_FILE = Path(__file__).parent / "support" / "spec_pipelines.py"
+MAX_TEST_WORKERS = 8  # each worker imports torch (~0.5 GiB): more cores than this gain little
+
+
+@pytest.hookimpl(optionalhook=True)  # without xdist (`-p no:xdist`) nobody calls it
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: one worker per core this process may run on (the affinity mask, which a
+    container's cpuset narrows; os.cpu_count() would count the host's), at most 8."""
+    usable = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core counts
+    cores = len(usable(0)) if usable else (os.cpu_count() or 1)
+    return max(1, min(cores, MAX_TEST_WORKERS))
 
 
 @pytest.fixture
