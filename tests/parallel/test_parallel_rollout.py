@@ -110,6 +110,22 @@ def test_two_workers_make_the_same_four_videos_in_stream_order(data_parallel):
         assert np.array_equal(np.load(config.parent / f"v-{i}.npy"), frames), f"stream {i}"
 
 
+@pytest.fixture(scope="module")
+def three_workers(tmp_path_factory):
+    config = write_config(tmp_path_factory.mktemp("dp3"))
+    return config, run_job(config, "runtime.parallel.workers=3", "runtime.parallel.threads=1")
+
+
+def test_three_workers_make_the_same_four_videos(data_parallel, three_workers):
+    single, (config, code) = data_parallel[1], three_workers
+    assert code == 0
+    data = stats(config.parent)
+    assert [r["streams"] for r in data["ranks"]] == [[0, 3], [1], [2]]
+    for i, frames in enumerate(single):   # seeds depend on the stream, never on the rank
+        assert np.array_equal(np.load(config.parent / f"v-{i}.npy"), frames), f"stream {i}"
+    assert_clean_end(data)
+
+
 def test_each_replica_runs_every_other_stream_on_its_own_process(data_parallel):
     data = stats(data_parallel[2].parent)
     ranks = data["ranks"]
