@@ -10,6 +10,9 @@ from typing import Literal
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DTypeName = Literal["float32", "bfloat16", "float16"]
+RuntimeDTypeName = Literal["auto", "float32", "bfloat16", "float16"]
+"""What `runtime.dtype` accepts: `auto` is resolved with the device
+(`ardiff.engine.device.resolve_dtype`: bfloat16 on CUDA, float32 on CPU)."""
 
 
 def torch_dtype(name: str):

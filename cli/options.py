@@ -24,7 +24,8 @@ DebugOpt = typer.Option(False, "--debug", help="Show the traceback of an error."
 BudgetOpt = typer.Option(None, "--budget", metavar="SIZE",
                          help="KV memory budget: bytes (6GiB, 512MiB) or a fraction of free "
                               "memory (0.8).")
-DtypeOpt = typer.Option(None, "--dtype", help="KV and model dtype: float32, bfloat16, float16.")
+DtypeOpt = typer.Option(None, "--dtype", help="KV and model dtype: auto (bfloat16 on CUDA, "
+                        "float32 on CPU), float32, bfloat16, float16.")
 PageTokensOpt = typer.Option(None, "--page-tokens", help="Tokens per KV page (default: one frame).")
 DeviceOpt = typer.Option(None, "--device", help="cpu, cuda, cuda:N or auto.")
 WorkersOpt = typer.Option(None, "--workers", metavar="N",

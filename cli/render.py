@@ -52,7 +52,8 @@ def _policy(reset_at_boundary: bool) -> str:
 
 def _memory_table(report: SpecReport) -> Table:
     plan = report.plan
-    memory = _table(f"Memory plan ({plan.dtype}, {plan.page_tokens} tokens per page)")
+    memory = _table(f"Memory plan ({plan.dtype} on {report.device}, {plan.page_tokens} tokens "
+                    f"per page)")
     rows = [
         ("page size", format_bytes(plan.page_bytes)),
         ("pages per frame", str(plan.pages_per_frame)),

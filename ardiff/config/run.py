@@ -36,7 +36,7 @@ from ardiff.config import schema
 from ardiff.config.play import PlayConfig
 from ardiff.config.text import find_bad_text, path_problem, short_repr, shorten, text_problem
 from ardiff.config.yaml_loader import safe_load
-from ardiff.dtypes import DTYPE_BYTES, DTypeName
+from ardiff.dtypes import DTYPE_BYTES, RuntimeDTypeName
 from ardiff.errors import ConfigError
 from ardiff.sizes import MemoryBudget
 
@@ -165,7 +165,8 @@ class RuntimeConfig:
 
     device: Text = Field(default="cpu", json_schema_extra={"pattern": DEVICE_PATTERN})
     """cpu, cuda, cuda:N or auto (CUDA when there is one)."""
-    dtype: DTypeName = "float32"
+    dtype: RuntimeDTypeName = "auto"
+    """auto (bfloat16 on CUDA, float32 on CPU, resolved with the device), or a dtype."""
     memory_budget: MemoryBudget = Field(default=0.8, validate_default=True)  # 0.8 of free memory
     max_sessions: Annotated[StrictInt, Field(gt=0, le=MAX_SESSIONS)] | None = None
     """A cap below what the budget allows (None: as many as fit)."""
@@ -184,6 +185,11 @@ class RuntimeConfig:
 
     @property
     def dtype_bytes(self) -> int:
+        """Bytes per element of an explicit dtype (`auto` has none until the device is
+        known: `ardiff.engine.device.resolve_dtype`)."""
+        if self.dtype == "auto":
+            raise ValueError("runtime.dtype is auto: resolve it with the device first "
+                             "(ardiff.engine.device.resolve_dtype)")
         return DTYPE_BYTES[self.dtype]
 
 

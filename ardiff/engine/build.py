@@ -21,7 +21,8 @@ from typing import Any, Callable
 from ardiff.config.run import RunConfig
 from ardiff.contract.spec import (ARDiffusionKVCacheSpec, apply_overrides,
                                   history_frames_per_branch, spec_to_dict)
-from ardiff.engine.device import free_memory_bytes, resolve_device
+from ardiff.dtypes import DTYPE_BYTES
+from ardiff.engine.device import assumed_device, free_memory_bytes, resolve_device, resolve_dtype
 from ardiff.engine.loader import build_pipeline, get_spec
 from ardiff.errors import ArdiffError, CapacityError, ConfigError, PipelineError
 from ardiff.kv.plan import KVPlan, make_plan
@@ -39,10 +40,11 @@ class ResolvedPipeline:
     spec: ARDiffusionKVCacheSpec  # runtime overrides applied
     context: Any = None           # CFG-parallel: the rank's context (group None: a dry one)
 
-    def plan(self, free_bytes: int, stores_registers: bool = True) -> KVPlan:
-        """The plan for the effective spec under the config's budget, given the free memory."""
+    def plan(self, free_bytes: int, dtype: str, stores_registers: bool = True) -> KVPlan:
+        """The plan for the effective spec under the config's budget, given the free memory
+        and the resolved dtype (`resolve_dtype`: never `auto`)."""
         runtime = self.config.runtime
-        return make_plan(self.spec, runtime.dtype, runtime.dtype_bytes,
+        return make_plan(self.spec, dtype, DTYPE_BYTES[dtype],
                          runtime.memory_budget.resolve(free_bytes),
                          page_tokens=runtime.kv.page_tokens, max_sessions=runtime.max_sessions,
                          stores_registers=stores_registers)
@@ -75,6 +77,7 @@ class SpecReport:
 
     declared: ARDiffusionKVCacheSpec
     plan: KVPlan              # one rank's, in a parallel job
+    device: str = "cpu"       # the device the plan assumes (runtime.device, auto resolved)
     workers: int = 1          # runtime.parallel: data-parallel replicas...
     cfg: int = 1              # ... of this many ranks each
 
@@ -107,6 +110,7 @@ class SpecReport:
                 "page_tokens": self.plan.page_tokens,
                 "pages_per_frame": self.plan.pages_per_frame,
                 "dtype": self.plan.dtype,
+                "device": self.device,
             },
             "memory": self.plan.to_dict(),
             **(parallel if self.num_ranks > 1 else {}),
@@ -124,9 +128,10 @@ def inspect_spec(config: RunConfig) -> SpecReport:
     if share != runtime.memory_budget:  # ranks on one host share its memory
         resolved = dataclasses.replace(resolved, config=dataclasses.replace(
             config, runtime=dataclasses.replace(runtime, memory_budget=share)))
-    return SpecReport(resolved.declared, resolved.plan(
-        _free_bytes_for_dry_run(config), stores_registers(config, config.runtime.kv.backend)),
-                      parallel.workers, parallel.cfg)
+    device = assumed_device(runtime.device)
+    plan = resolved.plan(_free_bytes_for_dry_run(config), resolve_dtype(runtime.dtype, device),
+                         stores_registers(config, config.runtime.kv.backend))
+    return SpecReport(resolved.declared, plan, device, parallel.workers, parallel.cfg)
 
 
 def stores_registers(config: RunConfig, backend: str) -> bool:
@@ -166,15 +171,16 @@ def build_runner(config: RunConfig, resolved: ResolvedPipeline | None = None,
     resolved = resolved or resolve(config)
     _check_ranks(resolved)
     device = resolve_device(config.runtime.device)
+    dtype = resolve_dtype(config.runtime.dtype, device)
     if load_weights:
-        _load(resolved.pipeline, device, config.runtime.dtype)
+        _load(resolved.pipeline, device, dtype)
     if config.runtime.compile:
         compile_layers(resolved.pipeline, config.pipeline.entry)
     kv = config.runtime.kv
     backend = backend or kv.backend
     free_bytes = free_memory_bytes(device)
     check_budget_fits(config.runtime.memory_budget, free_bytes, device)
-    plan = resolved.plan(free_bytes, stores_registers=stores_registers(config, backend))
+    plan = resolved.plan(free_bytes, dtype, stores_registers=stores_registers(config, backend))
     if agree_min is not None:
         plan = dataclasses.replace(plan, session_capacity=agree_min(plan.session_capacity))
     return Runner(resolved.pipeline, _allocate(plan, backend, device, kv.poison), device)

@@ -25,6 +25,27 @@ def resolve_device(name: str) -> str:
     return name
 
 
+def assumed_device(name: str) -> str:
+    """The device a dry run (`inspect-spec`) plans for: `auto` is what `resolve_device`
+    would pick here; a named device is taken as given (it need not exist on this machine)."""
+    if name != "auto":
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """`runtime.dtype` for a resolved `device` (cpu, cuda, cuda:N): `auto` is bfloat16 on
+    CUDA (half the KV bytes, the flash kernels' dtype) and float32 on CPU (bfloat16
+    matmuls are slow on most CPUs); an explicit dtype is kept."""
+    if dtype != "auto":
+        return dtype
+    if device == "auto":
+        raise ValueError("resolve_dtype needs a resolved device (cpu, cuda, cuda:N), not auto")
+    return "bfloat16" if device.startswith("cuda") else "float32"
+
+
 def free_memory_bytes(device: str) -> int:
     """Memory free for the KV cache on `device` now (CPU: the system's available memory)."""
     if device == "cpu":

@@ -72,13 +72,15 @@ class PreparedJob:
 
     def __init__(self, config: RunConfig, ranks: list[RankInfo], plan: Any, device: str,
                  threads: int) -> None:
+        from ardiff.engine.device import resolve_dtype
+
         parallel = config.runtime.parallel
         self.ranks, self.threads = ranks, threads
         self.backend = pick_backend(parallel.backend, device)
         self.streams = {rank.rank: rank.streams(len(plan.streams)) for rank in ranks}
         self.outputs = [stream.output_path for stream in plan.streams]
         self.report = RolloutReport(pipeline=config.pipeline.entry, device=device,
-                                    dtype=config.runtime.dtype,
+                                    dtype=resolve_dtype(config.runtime.dtype, device),
                                     frames_requested=plan.frames * len(plan.streams),
                                     output_fps=config.output.fps)
         self.report.parallel = {"workers": ranks[0].workers, "cfg": parallel.cfg,

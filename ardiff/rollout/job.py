@@ -186,7 +186,7 @@ def _frames_attribute(pipeline: Any, name: str, default: int, meaning: str) -> i
 
 def _new_report(config: RunConfig, plan: RolloutPlan, runner: Any) -> RolloutReport:
     return RolloutReport(pipeline=config.pipeline.entry, device=str(runner.device),
-                         dtype=config.runtime.dtype,
+                         dtype=runner.plan.dtype,  # runtime.dtype, auto resolved
                          frames_requested=plan.frames * len(plan.streams),
                          output_fps=config.output.fps)
 

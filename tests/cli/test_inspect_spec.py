@@ -23,7 +23,8 @@ from ardiff_cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]
 
-EFFECTIVE_KEYS = {"window_frames", "sink_frames", "page_tokens", "pages_per_frame", "dtype"}
+EFFECTIVE_KEYS = {"window_frames", "sink_frames", "page_tokens", "pages_per_frame", "dtype",
+                  "device"}
 MEMORY_KEYS = {"page_bytes", "history_frames_per_branch", "history_pages_per_session",
                "inflight_pages", "register_pages", "cross_attention_bytes_per_session",
                "model_owned_bytes_per_session", "bytes_per_session", "fixed_bytes",
@@ -104,7 +105,7 @@ def test_json_has_exactly_the_stable_keys(cli, tiny_config):
     assert set(data["memory"]) == MEMORY_KEYS
     assert data["spec"]["kv_branches"] == [{"name": "main", "local_index": 0}]
     assert data["effective"] == {"window_frames": 5, "sink_frames": 1, "page_tokens": 6,
-                                 "pages_per_frame": 1, "dtype": "float32"}
+                                 "pages_per_frame": 1, "dtype": "float32", "device": "cpu"}
     assert data["memory"] == {
         "page_bytes": 768, "history_frames_per_branch": 4, "history_pages_per_session": 4,
         "inflight_pages": 2, "register_pages": 0, "cross_attention_bytes_per_session": 0,
@@ -168,7 +169,7 @@ def test_relative_config_path_and_entry(cli, tmp_path, pipelines_file, write_con
 def test_wan_example(cli):
     data = as_json(cli("inspect-spec", REPO / "examples" / "wan_spec_only.yaml", "--json"))
     assert data["effective"] == {"window_frames": 21, "sink_frames": 0, "page_tokens": 1560,
-                                 "pages_per_frame": 1, "dtype": "bfloat16"}
+                                 "pages_per_frame": 1, "dtype": "bfloat16", "device": "cuda"}
     memory = data["memory"]
     assert memory["page_bytes"] == 287_539_200               # 2 * 1560 * 12 * 128 * 2 * 30
     assert memory["cross_attention_bytes_per_session"] == 94_371_840  # 2 * 512 * 12 * 128 * 30 * 2
@@ -267,3 +268,11 @@ def test_fraction_budget_on_a_missing_cuda_device_exits_2(invoke, tiny_config):
         invoke("inspect-spec", tiny_config(), "--set", "runtime.device=cuda", "--budget", "0.5"), 2,
         "error: runtime.memory_budget: 0.5 of free memory needs the device's free memory, but "
         "runtime.device: 'cuda' was requested but CUDA is not available")
+
+
+def test_inspect_spec_plans_auto_on_cuda_in_bfloat16_without_a_gpu(cli, tiny_config):
+    cpu = as_json(cli("inspect-spec", tiny_config(), "--json"))
+    gpu = as_json(cli("inspect-spec", tiny_config(), "--json", "--device", "cuda"))
+    assert (cpu["effective"]["dtype"], cpu["effective"]["device"]) == ("float32", "cpu")
+    assert (gpu["effective"]["dtype"], gpu["effective"]["device"]) == ("bfloat16", "cuda")
+    assert gpu["memory"]["page_bytes"] * 2 == cpu["memory"]["page_bytes"]

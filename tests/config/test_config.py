@@ -18,7 +18,7 @@ def test_minimal_config_gets_every_default():
     config = build()
     assert config.pipeline.entry == "pkg.mod:Pipe" and config.pipeline.args == {}
     runtime = config.runtime
-    assert (runtime.device, runtime.dtype, runtime.dtype_bytes) == ("cpu", "float32", 4)
+    assert (runtime.device, runtime.dtype) == ("cpu", "auto")  # resolved with the device
     assert runtime.memory_budget == MemoryBudget(fraction=0.8)
     assert runtime.max_sessions is None
     assert runtime.kv == KVConfig(backend="paged", window_frames=None, sink_frames=None,
@@ -146,7 +146,8 @@ def test_wrong_types_name_path_expected_type_and_value(data, message):
 
 @pytest.mark.parametrize("runtime, message", [
     ({"dtype": "fp32"},
-     "runtime.dtype: 'fp32' (str) is not allowed; use one of 'float32', 'bfloat16', 'float16'"),
+     "runtime.dtype: 'fp32' (str) is not allowed; use one of 'auto', 'float32', 'bfloat16', "
+     "'float16'"),
     ({"kv": {"backend": "flash"}},
      "runtime.kv.backend: 'flash' (str) is not allowed; use one of 'paged', 'dense'"),
 ])
@@ -158,6 +159,11 @@ def test_literal_values(runtime, message):
 @pytest.mark.parametrize("dtype, num_bytes", [("float32", 4), ("bfloat16", 2), ("float16", 2)])
 def test_dtype_bytes(dtype, num_bytes):
     assert build(with_section("runtime", {"dtype": dtype})).runtime.dtype_bytes == num_bytes
+
+
+def test_auto_dtype_has_no_bytes_until_resolved():
+    with pytest.raises(ValueError, match="runtime.dtype is auto: resolve it with the device"):
+        build().runtime.dtype_bytes
 
 
 # ---- value rules ---------------------------------------------------------------------------

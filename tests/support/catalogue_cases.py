@@ -212,7 +212,7 @@ CASES = [
     Case("unknown device", 2, r"^runtime\.device: 'tpu' is not a device; use cpu, cuda, cuda:N "
          r"or auto", args=("--device", "tpu")),
     Case("unknown dtype", 2, r"^runtime\.dtype: 'fp8' \(str\) is not allowed; use one of "
-         r"'float32', 'bfloat16', 'float16'", args=("--dtype", "fp8")),
+         r"'auto', 'float32', 'bfloat16', 'float16'", args=("--dtype", "fp8")),
     Case("CUDA requested where none exists", 2, r"^runtime\.device: 'cuda' was requested but "
          r"CUDA is not available on this machine; use --device cpu", args=("--device", "cuda"),
          needs=NO_CUDA),
