@@ -2,7 +2,9 @@
 
     runner = build_runner(config)     (ardiff.engine.build: load, measure, plan, allocate)
     runner.warmup()                   the pipeline's warmup requests on a reserved session
-    runner.execute(request)           one AR block of one session -> BlockResult(output, latency_s)
+    runner.execute(request)           one AR block of one session -> BlockResult(output, latency)
+    runner.fail_block(sid, k, exc)    a block whose failure surfaced later (a CUDA error at a
+                                      later sync): its session is failed closed, then it raises
     runner.stats()                    latencies, session counts, pages; it never prints
 
 Every forward, warmup included, runs as
@@ -20,6 +22,13 @@ close, eviction or a failed forward. Warmup never evicts: it runs on a free
 session slot under `WARMUP_SESSION_ID` and refuses to start when every slot
 holds a user's session (`ardiff rollout` and `ardiff warmup` run it first,
 before any user session exists).
+
+On CUDA `execute` returns once the block is queued: nothing waits for the device (its
+latency is two CUDA events, read when first asked: `ardiff.engine.timing`). An error the
+device raises then surfaces at whatever waits next (the rollout job waits for each
+block's frames one block later) and whoever sees it calls `fail_block`, which fails the
+block's session closed as `execute` would have. On CPU the forward has finished when
+`execute` returns and its latency is the host clock, as before.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import torch
 
 from ardiff.contract.forward import BlockOutput, RolloutRequest
 from ardiff.engine.sessions import Release, SessionInfo, SessionMap
+from ardiff.engine.timing import Latency, seconds, start_timer, stop_timer
 from ardiff.errors import (ArdiffError, BlockOutputError, PipelineError, SessionError,
                            WarmupError)
 from ardiff.kv.backend import CacheStats, KVCacheBase
@@ -43,10 +53,15 @@ WARMUP_SESSION_ID = "__ardiff_warmup__"
 
 @dataclass(frozen=True)
 class BlockResult:
-    """What `execute` returns: the block's output and the seconds its forward took."""
+    """What `execute` returns: the block's output and the time its forward took (a float on
+    CPU; on CUDA a `DeviceLatency` whose events are read when `latency_s` is first read)."""
 
     output: BlockOutput
-    latency_s: float
+    latency: Latency
+
+    @property
+    def latency_s(self) -> float:
+        return seconds(self.latency)
 
 
 @dataclass
@@ -83,9 +98,10 @@ class Runner:
         self.pipeline, self.cache, self.device = pipeline, cache, torch.device(device)
         self.plan: KVPlan = cache.plan
         self.sessions = SessionMap(cache.capacity, frozenset({WARMUP_SESSION_ID}))
-        self.block_latencies_s: list[float] = []
+        self.block_latencies_s: list[Latency] = []  # read into floats by stats()
         self.warmup_latencies_s: list[float] = []
         self._closed = False
+        self.event_factory: Any = None  # what makes CUDA timing events (None: torch.cuda.Event)
 
     # -- serving ---------------------------------------------------------------
     def execute(self, request: RolloutRequest) -> BlockResult:
@@ -94,7 +110,7 @@ class Runner:
             raise SessionError(f"session id {WARMUP_SESSION_ID!r} is reserved for warmup; "
                                f"use another session_id")
         result = self._run(request)
-        self.block_latencies_s.append(result.latency_s)
+        self.block_latencies_s.append(result.latency)
         return result
 
     def _run(self, request: RolloutRequest) -> BlockResult:
@@ -106,14 +122,14 @@ class Runner:
         if request.clear_cross_kv:
             for branch in self.cache.spec.kv_branches:
                 self.cache.cross.clear(sid, branch.name)
-        start = time.perf_counter()
+        timer = start_timer(self.device, self.event_factory)
         stage = ["bind_ar_diffusion_state"]  # what was running when an exception came
         try:
             output = self._forward(request, stage)
             info.frame_size = self._check_output(info, request, output)
         except BaseException as exc:
-            self._fail(sid, request, exc, stage[0])
-        latency = time.perf_counter() - start
+            self._fail(sid, request.block_index, exc, stage[0])
+        latency = stop_timer(timer, self.event_factory)
         info.blocks += 1
         if request.close_session:
             self._release(sid, Release.CLOSED)
@@ -128,7 +144,6 @@ class Runner:
                 stage[0] = "generate_block"
                 try:
                     output = self.pipeline.generate_block(request, state)
-                    self._synchronize()
                 except BaseException as exc:
                     raised = exc
                     raise
@@ -155,17 +170,20 @@ class Runner:
             self._release(self.sessions.least_recently_used(), Release.EVICTED)
         return self.sessions.touch(session_id)
 
-    def _synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+    def fail_block(self, session_id: str, block_index: int, exc: BaseException) -> None:
+        """Fail a block whose error surfaced after `execute` returned (on CUDA, at a later
+        wait for the device): release its session if it is still resident (fail-closed, as
+        `execute` does), then raise the error as a PipelineError naming session and block."""
+        stage = "generate_block (on the device; surfaced at a later wait for it)"
+        self._fail(session_id, block_index, exc, stage, release=session_id in self.sessions)
 
-    def _fail(self, session_id: str, request: RolloutRequest, exc: BaseException,
-              stage: str) -> None:
+    def _fail(self, session_id: str, block_index: int, exc: BaseException,
+              stage: str, release: bool = True) -> None:
         """Release the session, then raise: ardiff errors and KeyboardInterrupt (an interrupt)
         as they are; anything else, `SystemExit` from a pipeline calling `sys.exit(n)`
         included, as a PipelineError naming the session, block and stage."""
-        cleanup_errors = self._release_steps(session_id, Release.FAILED)
-        where = f"session {session_id!r} block {request.block_index}: {stage}"
+        cleanup_errors = self._release_steps(session_id, Release.FAILED) if release else []
+        where = f"session {session_id!r} block {block_index}: {stage}"
         if isinstance(exc, (ArdiffError, KeyboardInterrupt)):
             error = exc
         elif isinstance(exc, SystemExit):  # the pipeline must not end the process
@@ -286,5 +304,6 @@ class Runner:
                                f"with the session_id it is given ({WARMUP_SESSION_ID!r})")
 
     def stats(self) -> RunnerStats:
-        return RunnerStats(list(self.block_latencies_s), list(self.warmup_latencies_s),
+        return RunnerStats([seconds(latency) for latency in self.block_latencies_s],
+                           list(self.warmup_latencies_s),
                            self.sessions.counts.as_dict(), self.cache.stats())

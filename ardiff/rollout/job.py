@@ -36,6 +36,7 @@ from ardiff.config.run import RunConfig
 from ardiff.errors import (EXIT_FAILED, EXIT_INTERRUPTED, ArdiffError, PipelineLoadError,
                            WarmupError)
 from ardiff.engine.build import build_runner, resolve
+from ardiff.rollout.handoff import make_handoff
 from ardiff.rollout.streams import BlockEvent, RolloutPlan, check_capacity, iter_rollout, plan_rollout
 from ardiff.rollout.paths import check_rollout_paths
 from ardiff.rollout.report import OutputRecord, RolloutReport, peak_rss_bytes
@@ -226,12 +227,22 @@ def _run(runner: Any, plan: RolloutPlan, config: RunConfig, report: RolloutRepor
          emit: Callable[[ProgressEvent], None], stop: RolloutStop, blocks: BlockSource,
          writes: bool) -> None:
     """The blocks, each handed to its stream's writer (`writes` False: counted, not written:
-    a CFG group's second rank makes the frames its first rank writes)."""
+    a CFG group's second rank makes the frames its first rank writes).
+
+    On CUDA a block's frames reach the writer one block late (`ardiff.rollout.handoff`):
+    block i's are written once block i+1 is queued, so the host never waits for the device
+    but for the frames it encodes. A stop polled after block i's frames drops block i+1's
+    (the files end where a CPU run stopped at the same point would); a failure writes
+    every block that finished before it."""
     stop.phase = "rollout"  # before the first file opens: from here a stop must be requested
     writers: dict[int, Any] = {}
     start = time.perf_counter()
-    try:
-        for event in blocks(runner, plan):
+    handoff = make_handoff(runner)
+
+    def deliver(ready: Iterator[Any], poll: bool = True) -> bool:
+        """Write the ready blocks; True when a stop was polled (`poll` False: after a
+        failure, when a parallel rank's poll would wait for peers that may be gone)."""
+        for event in ready:
             _write(event, writers, config, report, writes)
             if report.time_to_first_frame_s is None:
                 report.time_to_first_frame_s = time.perf_counter() - start
@@ -239,16 +250,37 @@ def _run(runner: Any, plan: RolloutPlan, config: RunConfig, report: RolloutRepor
                 _close_writer(writers.pop(event.stream.index), event.stream, report, stop)
             emit(ProgressEvent("rollout", report.frames_written, report.frames_requested, event,
                                runner.cache.stats().pages_in_use))
-            if _stopped(report, stop):
+            if poll and _stopped(report, stop):
+                return True
+        return False
+
+    try:
+        stopped = False
+        for event in blocks(runner, plan):
+            handoff.push(event, copy=writes)
+            if deliver(handoff.ready()):
+                stopped = True
                 break
+        if not stopped:
+            deliver(handoff.ready(keep=0))
     except BaseException as exc:  # noqa: BLE001 - every failure ends in a report
         _record_failure(report, exc)
+        _deliver_finished(deliver, handoff)
     finally:
         report.rollout_s = time.perf_counter() - start
         stop.phase = "finalising"  # from here on, only finishing: the files, the runner, stats
         streams = {stream.index: stream for stream in plan.streams}
         for index, writer in list(writers.items()):
             _close_writer(writer, streams[index], report, stop)
+
+
+def _deliver_finished(deliver: Callable[[Iterator[Any]], bool], handoff: Any) -> None:
+    """After a failure: write the blocks that finished before it (queued on CUDA); an error
+    now (the device's, again) leaves the failure already recorded as it is."""
+    try:
+        deliver(handoff.ready(keep=0), poll=False)
+    except BaseException:  # noqa: BLE001 - the first failure is the one reported
+        pass
 
 
 def _write(event: BlockEvent, writers: dict[int, Any], config: RunConfig,

@@ -67,7 +67,7 @@ def step_block(runner: Any, plan: RolloutPlan, stream: Stream, block_index: int,
     request = dataclasses.replace(build_request(plan, stream, block_index), actions=actions)
     result = runner.execute(request)
     frames = result.output.frames[:plan.frames - written]
-    return BlockEvent(stream, block_index, frames, result.latency_s,
+    return BlockEvent(stream, block_index, frames, result.latency,
                       written + int(frames.shape[0]))
 
 

@@ -91,8 +91,12 @@ class BlockEvent:
     stream: Stream
     block_index: int
     frames: Any           # torch.Tensor uint8 [F, H, W, 3]
-    latency_s: float
+    latency: Any          # a float, or a DeviceLatency read when latency_s is (ardiff.engine.timing)
     frames_written: int   # this stream's frames so far, including these
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency if type(self.latency) is float else self.latency.seconds
 
 
 def plan_rollout(config: RunConfig, spec: ARDiffusionKVCacheSpec, video_frames_per_block: int,
@@ -203,7 +207,7 @@ def iter_rollout(runner: Any, plan: RolloutPlan) -> Iterator[BlockEvent]:
             frames = result.output.frames[:plan.frames - written[stream.index]]
             written[stream.index] += int(frames.shape[0])
             next_block[stream.index] += 1
-            yield BlockEvent(stream, block_index, frames, result.latency_s,
+            yield BlockEvent(stream, block_index, frames, result.latency,
                              written[stream.index])
             if written[stream.index] >= plan.frames:  # closed after its frames are handed on
                 pending.remove(stream)
