@@ -1,6 +1,6 @@
 """A block's frames handed from the device to the encoder without a host wait per block.
 
-    handoff = make_handoff(runner)        lag 1 on CUDA, 0 on CPU
+    handoff = make_handoff(runner)        lag 1 on CUDA, 0 on CPU (or the source's frames_lag)
     handoff.push(event)                   stage the block's frames (CUDA: a pinned copy queued)
     for event in handoff.ready(): ...     the blocks beyond the lag, their frames on the host
     for event in handoff.ready(keep=0):   every staged block (the end of the run, a failure)
@@ -91,5 +91,7 @@ def frames_lag(device: Any) -> int:
     return 1 if device.type == "cuda" else 0
 
 
-def make_handoff(runner: Any) -> FrameHandoff:
-    return FrameHandoff(frames_lag(runner.device), runner.fail_block)
+def make_handoff(runner: Any, lag: int | None = None) -> FrameHandoff:
+    """The runner's hand-off; `lag` overrides `frames_lag` (a block source that is steered
+    by the frames it shows wants 0: `LiveBlocks.frames_lag`)."""
+    return FrameHandoff(frames_lag(runner.device) if lag is None else lag, runner.fail_block)

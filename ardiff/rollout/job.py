@@ -237,7 +237,7 @@ def _run(runner: Any, plan: RolloutPlan, config: RunConfig, report: RolloutRepor
     stop.phase = "rollout"  # before the first file opens: from here a stop must be requested
     writers: dict[int, Any] = {}
     start = time.perf_counter()
-    handoff = make_handoff(runner)
+    handoff = make_handoff(runner, getattr(blocks, "frames_lag", None))
 
     def deliver(ready: Iterator[Any], poll: bool = True) -> bool:
         """Write the ready blocks; True when a stop was polled (`poll` False: after a

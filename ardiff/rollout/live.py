@@ -44,6 +44,8 @@ def pipeline_actions(pipeline: Any) -> tuple[str, ...] | None:
 class LiveBlocks:
     """The block source of a steered rollout; `log` holds each run block's actions."""
 
+    frames_lag = 0  # a player steers by what it sees: each block's frames at once, on CUDA too
+
     def __init__(self, choose: Callable[[int], Actions | None]) -> None:
         self.choose = choose
         self.log: list[Actions] = []

@@ -16,6 +16,7 @@ from ardiff.config.run import build_config
 from ardiff.errors import PipelineError
 from ardiff.rollout import handoff, job
 from ardiff.rollout.job import run_rollout
+from ardiff.rollout.live import LiveBlocks
 
 SUPPORT = Path(__file__).parents[1] / "support"
 
@@ -53,7 +54,7 @@ def lagged(monkeypatch):
             done = FakeDone(log, event.block_index, event.block_index == fail_at)
             return handoff.Staged(event, done)
 
-        monkeypatch.setattr(job, "make_handoff", lambda runner: handoff.FrameHandoff(
+        monkeypatch.setattr(job, "make_handoff", lambda runner, lag=None: handoff.FrameHandoff(
             1, runner.fail_block, stage))
         return log
     return install
@@ -118,6 +119,9 @@ def test_a_stop_drops_the_block_queued_behind_the_last_written(tmp_path, lagged)
 def test_cpu_frames_are_handed_on_at_once_and_cuda_one_block_late():
     assert handoff.frames_lag(torch.device("cpu")) == 0
     assert handoff.frames_lag(torch.device("cuda", 0)) == 1
+    gpu = SimpleNamespace(device=torch.device("cuda"), fail_block=None)
+    assert handoff.make_handoff(gpu).lag == 1
+    assert handoff.make_handoff(gpu, LiveBlocks.frames_lag).lag == 0  # play: no lag
     event = SimpleNamespace(frames=torch.zeros(2, 4, 4, 3, dtype=torch.uint8))
     staged = handoff.stage_frames(event)
     assert staged.event is event and staged.done is None  # CPU frames: no copy, no wait
