@@ -55,6 +55,8 @@ class Arm:
     def step(self) -> torch.Tensor:
         wall, cpu = time.perf_counter(), time.thread_time()
         frames = self._make(fill=False)
+        if frames.is_cuda:  # execute returns before the GPU is done (no host wait per block)
+            torch.cuda.synchronize(frames.device)
         self.times.cpu_s.append(time.thread_time() - cpu)
         self.times.wall_s.append(time.perf_counter() - wall)
         self.frames.append(frames)
