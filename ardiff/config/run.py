@@ -54,6 +54,7 @@ MAX_NUM_STEPS = 1000    # the longest schedule diffusion models are trained with
 MAX_SESSIONS = 65_536   # resident sessions of one process; far above what a device holds
 MAX_PAGE_TOKENS = 2**20  # tokens of one KV page; far above any frame
 MAX_CRF = 63            # the largest crf of any codec (libvpx-vp9; libx264 stops at 51)
+MAX_SCALE = 32          # output.scale: a 32x32 frame -> 1024x1024; memory grows with scale**2
 MAX_WORKERS = 1024      # processes of one job; far above the devices of one cluster
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: a group that waits longer is a typo
 MIN_FPS, MAX_FPS = 0.01, 1000.0  # every format stores these rates: a GIF delay is at most
@@ -273,6 +274,8 @@ class OutputConfig:
     """None: the codec's default quality."""
     preset: Text | None = None
     """x264 preset; None: ultrafast."""
+    scale: Annotated[StrictInt, Field(ge=1, le=MAX_SCALE)] = 1
+    """Nearest-neighbour upscale done by the video writer on its own thread; 1: none."""
 
     @field_validator("fps")
     @classmethod

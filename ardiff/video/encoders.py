@@ -32,8 +32,10 @@ from pathlib import Path
 
 import av
 import numpy as np
+from av.video.reformatter import VideoReformatter
 from PIL import GifImagePlugin, Image
 
+from ardiff.config.run import MAX_SCALE
 from ardiff.errors import ConfigError, OutputPathError
 from ardiff.video import disk
 
@@ -52,6 +54,9 @@ CODEC_ALIASES = {"h264": "libx264", "x264": "libx264", "vp9": "libvpx-vp9", "web
 _AV_FORMATS = {".mp4": "mp4", ".mkv": "matroska", ".webm": "webm", ".webp": "webp"}
 _AV_PIX_FMTS = {"libx264": "yuv420p", "ffv1": "bgr0", "libvpx-vp9": "yuv420p", "libwebp": "yuv420p"}
 _EVEN_SIZE_CODECS = {"libx264"}  # x264 cannot encode 4:2:0 at odd width or height
+# Codecs whose frames are upscaled after the colour conversion (see PyAVEncoder): 4:2:0 at
+# an even scale, where every 2x2 chroma sample lies inside one upscaled pixel.
+_YUV_UPSCALE_CODECS = {"libx264", "libvpx-vp9"}
 _CRF_RANGES = {"libx264": range(0, 52), "libvpx-vp9": range(0, 64)}
 DEFAULT_CRF = {"libx264": 23, "libvpx-vp9": 32}
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow",
@@ -112,8 +117,13 @@ class EncoderSettings:
     codec: str
     crf: int | None = None
     preset: str | None = None
+    scale: int = 1
 
     def __post_init__(self) -> None:
+        if (isinstance(self.scale, bool) or not isinstance(self.scale, int)
+                or not 1 <= self.scale <= MAX_SCALE):
+            raise ConfigError(f"output.scale: {self.scale!r} must be an integer from 1 to "
+                              f"{MAX_SCALE} (1 keeps the frames' size); try 1")
         crf_range = _CRF_RANGES.get(self.codec)
         if self.crf is not None and crf_range is None:
             raise ConfigError(f"output.crf: {self.crf!r} is set but {self.codec} has no crf; "
@@ -151,9 +161,15 @@ class Encoder:
         return self.size is not None
 
     def write(self, block: np.ndarray) -> None:  # block: [F, H, W, 3] uint8, F >= 1
+        """Encode `block`, upscaled `settings.scale` times (nearest-neighbour, in RGB)."""
+        self._write_frames(upscale(block, self.settings.scale), 1)
+
+    def _write_frames(self, block: np.ndarray, scale: int) -> None:
+        """Encode `block`'s frames; the video is `scale` times their size (1: already is)."""
         if self.size is None:
-            self._open(*block.shape[1:3])
-            self.size = block.shape[1:3]
+            height, width = block.shape[1] * scale, block.shape[2] * scale
+            self._open(height, width)
+            self.size = (height, width)
         for frame in block:  # [H, W, 3]
             self._encode_frame(frame)
             self.frames += 1
@@ -211,15 +227,30 @@ class PyAVEncoder(Encoder):
     libx264 (4:2:0) needs even sizes: an odd width or height is padded by one pixel
     that repeats the last column/row, so a 15x17 video is stored as 16x18. PyAV
     writes through an `OutputFile` with a `SpaceReserve` (see disk.py).
+
+    `settings.scale` (nearest-neighbour) for libx264 / libvpx-vp9 at an even scale: each
+    frame is converted to YUV 4:4:4 at its own size, then the planes are repeated (luma
+    x scale, chroma x scale/2) into the 4:2:0 frame the codec takes, so neither the RGB
+    upscale nor the colour conversion runs at the video's size. Every 2x2 chroma sample
+    lies inside one upscaled pixel, so this is the exact 4:2:0 of the upscaled frame
+    (point-sampled chroma); the codec's own conversion of an RGB-upscaled frame filters
+    chroma bilinearly across the pixel edges. Luma is identical. Other scales and
+    codecs upscale in RGB first.
     """
 
     def write(self, block: np.ndarray) -> None:
+        scale = self.settings.scale
+        if scale > 1 and scale % 2 == 0 and self.settings.codec in _YUV_UPSCALE_CODECS:
+            self._write_frames(block, scale)
+            return
+        block = upscale(block, scale)
         if self.settings.codec in _EVEN_SIZE_CODECS:
             block = pad_to_even(block)
-        super().write(block)
+        self._write_frames(block, 1)
 
     def _open(self, height: int, width: int) -> None:
         kind, codec = self.settings.kind, self.settings.codec
+        self._to_yuv = VideoReformatter()  # keeps its swscale context from frame to frame
         container_options = {"loop": "0"} if kind == ".webp" else {}  # 0: loop forever
         self._reserve = disk.SpaceReserve(disk.reserve_path(self.path))
         self._file = disk.OutputFile(self.path, self._reserve)
@@ -246,6 +277,9 @@ class PyAVEncoder(Encoder):
 
     def _encode_frame(self, frame: np.ndarray) -> None:
         av_frame = av.VideoFrame.from_ndarray(frame, format="rgb24")
+        if frame.shape[:2] != self.size:  # upscaled in YUV (see the class docstring)
+            av_frame = yuv420_upscaled(self._to_yuv.reformat(av_frame, format="yuv444p"),
+                                       self.settings.scale)
         av_frame.pts = self.frames
         self._container.mux(self._stream.encode(av_frame))
 
@@ -387,6 +421,27 @@ def npy_header(frames: int, height: int, width: int) -> bytes:
     unpadded = len(magic) + 2 + len(text) + 1  # 2: the header length field; 1: the newline
     text += " " * (-unpadded % np.lib.format.ARRAY_ALIGN) + "\n"
     return magic + struct.pack("<H", len(text)) + text.encode("latin1")
+
+
+def upscale(block: np.ndarray, scale: int) -> np.ndarray:
+    """[F, H, W, 3] -> [F, H * scale, W * scale, 3], nearest-neighbour (the block if scale 1)."""
+    return block if scale == 1 else block.repeat(scale, axis=1).repeat(scale, axis=2)
+
+
+def yuv420_upscaled(frame: av.VideoFrame, scale: int) -> av.VideoFrame:
+    """A yuv444p frame -> the yuv420p frame of it upscaled `scale` (even) times, nearest:
+    luma repeated `scale` times each way, chroma `scale / 2` times."""
+    height, width = frame.height, frame.width
+    out = av.VideoFrame(width * scale, height * scale, "yuv420p")
+    for source, plane, times in zip(frame.planes, out.planes, (scale, scale // 2, scale // 2)):
+        small = _plane_rows(source)[:height, :width].repeat(times, 0).repeat(times, 1)
+        _plane_rows(plane)[:height * times, :width * times] = small
+    return out
+
+
+def _plane_rows(plane) -> np.ndarray:
+    """A PyAV plane's bytes as rows of `line_size` (a view: writing it writes the plane)."""
+    return np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)
 
 
 def pad_to_even(block: np.ndarray) -> np.ndarray:

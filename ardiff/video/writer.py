@@ -7,7 +7,7 @@ The format follows the output path's suffix:
     .webm  VP9 (libvpx-vp9, yuv420p, constant quality; crf 32)
     .gif   256-colour palette per frame, loops forever
     .webp  animated lossy WebP (quality 80), loops forever
-    .npy   raw uint8 [N, H, W, 3], for exact checks
+    .npy   raw uint8 [N, H, W, 3] (times `scale`), for exact checks
     a folder (ends with '/', has no suffix or already is one): frame_000000.png, ...
 
 `VideoWriter.write` hands blocks of frames to a background encoder thread
@@ -46,6 +46,13 @@ encoder's CPU time within noise of writing directly (mp4 0.26 s, mkv 0.19 s,
 while it finishes the file is held and raised again once the file is published,
 so a second Ctrl-C cannot lose the frames of the first.
 
+`scale` (output.scale) upscales the frames nearest-neighbour on the encoder thread,
+so a pipeline can hand over model-size frames and leave the upscale off its own
+thread: H.264 (mp4, mkv) and VP9 at an even scale convert the small frame to YUV and
+repeat its planes (encoders.PyAVEncoder); every other format upscales in RGB, so the
+frames it stores are exactly the RGB-upscaled ones. Measured on the default model's
+32x32 frames at scale 8 (mp4): see README "Performance".
+
 H.264 stores 4:2:0 colour, which needs even sizes: an odd width or height is
 padded by one pixel repeating the last column/row (15x17 is stored as 16x18).
 """
@@ -79,7 +86,8 @@ ENCODE_BATCH_BLOCKS = 4  # see the module docstring
 
 
 def check_output_path(path: str | os.PathLike, codec: str | None = None,
-                      crf: int | None = None, preset: str | None = None) -> Path:
+                      crf: int | None = None, preset: str | None = None,
+                      scale: int = 1) -> Path:
     """Check, before any compute, that a video can be written at `path`; returns it as a Path.
 
     A path ending with '/', without a suffix, or naming an existing folder means a PNG
@@ -87,7 +95,8 @@ def check_output_path(path: str | os.PathLike, codec: str | None = None,
     OutputPathError naming `output.path` (missing or unwritable folder, unsupported
     suffix) or `output.codec` (not a codec of the format, or missing from PyAV's FFmpeg),
     and ConfigError naming `output.crf` / `output.preset` (out of range, or not a knob
-    of the codec). An empty or blank path, or one with a NUL byte, is an OutputPathError.
+    of the codec) / `output.scale` (not 1..MAX_SCALE). An empty or blank path, or one
+    with a NUL byte, is an OutputPathError.
     """
     check_path_text("output.path", path, file_needed=False)
     target = Path(path)
@@ -103,7 +112,7 @@ def check_output_path(path: str | os.PathLike, codec: str | None = None,
     _check_folder(path, target.parent)
     if kind == encoders.DIRECTORY and target.is_dir():
         _check_folder(path, target)
-    encoders.EncoderSettings(kind, encoders.resolve_codec(kind, codec), crf, preset)
+    encoders.EncoderSettings(kind, encoders.resolve_codec(kind, codec), crf, preset, scale)
     return target
 
 
@@ -140,18 +149,21 @@ class VideoWriter:
     """Encodes uint8 RGB frames to `path` on a background thread, block by block.
 
     Invariants: at most `queue_blocks` blocks wait in memory (plus the one being
-    encoded), encoded in batches (see the module docstring); every frame has the size of the first; `close` (or leaving a `with`
-    block, normally or by an exception) finalizes the file with every frame encoded
-    so far. Raises OutputPathError / ConfigError for a bad path, codec, crf, preset,
+    encoded), encoded in batches (see the module docstring); every frame has the size of
+    the first; the video is `scale` times that size (nearest-neighbour, done on the
+    encoder thread; see the module docstring); `close` (or leaving a `with` block,
+    normally or by an exception) finalizes the file with every frame encoded so far.
+    Raises OutputPathError / ConfigError for a bad path, codec, crf, preset, scale,
     fps or queue size; EncoderError from `write`/`close` once encoding has failed.
     """
 
     def __init__(self, path: str | os.PathLike, fps: float, *, codec: str | None = None,
                  crf: int | None = None, preset: str | None = None,
-                 queue_blocks: int = 8) -> None:
+                 queue_blocks: int = 8, scale: int = 1) -> None:
         self.path = check_output_path(path, codec)  # settings are checked before anything is made
         kind = output_kind(path)
-        settings = encoders.EncoderSettings(kind, encoders.resolve_codec(kind, codec), crf, preset)
+        settings = encoders.EncoderSettings(kind, encoders.resolve_codec(kind, codec), crf, preset,
+                                            scale)
         rate, maxsize = _stream_rate(fps), _queue_size(queue_blocks)
         self.codec = settings.codec
         self.frames_written = 0  # frames handed to `write`

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from ardiff.config.run import (MAX_CRF, MAX_FPS, MAX_FRAMES, MAX_NUM_STEPS, MAX_PAGE_TOKENS,
-                               MAX_SEED, MAX_SESSIONS, MIN_FPS, build_config)
+                               MAX_SCALE, MAX_SEED, MAX_SESSIONS, MIN_FPS, build_config)
 from ardiff.contract.spec import DEFAULT_MAX_MODEL_LEN
 from ardiff.errors import ConfigError
 from ardiff.pipelines.sampling import SEED_STRIDE, block_generator
@@ -40,6 +40,7 @@ BOUNDED = [  # (section, dotted key inside it, largest value allowed)
     ("runtime", "kv.window_frames", MAX_FRAMES),
     ("runtime", "kv.sink_frames", MAX_FRAMES),
     ("output", "crf", MAX_CRF),
+    ("output", "scale", MAX_SCALE),
 ]
 
 
@@ -63,6 +64,7 @@ def test_the_largest_value_passes_and_one_more_is_refused(section, key, largest)
                                                           "prompt": "b"}]},
      "rollout.prompt[1].frame: 1000001 is invalid; it must be <= 1000000"),
     ("output", {"crf": -1}, "output.crf: -1 is invalid; it must be >= 0"),
+    ("output", {"scale": 0}, "output.scale: 0 is invalid; it must be >= 1"),
 ])
 def test_other_bounds(section, values, message):
     with raises(message):

@@ -265,6 +265,8 @@ CASES = [
          r"1000", config=rollout(num_steps=1001)),
     Case("crf no codec takes", 2, r"^output\.crf: 99 is invalid; it must be <= 63",
          args=("--set", "output.crf=99")),
+    Case("`output.scale` beyond the largest", 2, r"^output\.scale: 33 is invalid; it must be "
+         r"<= 32", args=("--set", "output.scale=33")),
     Case("too many sessions", 2, r"^runtime\.max_sessions: 100000 is invalid; it must be <= "
          r"65536", config={"runtime": {"max_sessions": 100000}}),
     Case("`runtime.compile` on a pipeline that cannot compile", 2, r"^runtime\.compile: true "
