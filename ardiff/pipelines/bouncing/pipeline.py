@@ -3,7 +3,8 @@
     blocks: `context_frames` start frames rendered by the simulator (seeded by
             request.seed, moved by the actions) are committed as clean history; then each
             frame is sampled in `num_steps` flow-matching steps (probes) and committed at t = 0
-    video:  the 32 x 32 model frames, upscaled nearest-neighbour
+    video:  the 32 x 32 model frames, upscaled nearest-neighbour `upscale` times (1: not;
+            `output.scale` then lets the video writer do it on its own thread)
 
 The network is `model.py`, its weights `checkpoint.py` (shipped in `weights/`, made by
 `python -m ardiff.pipelines.bouncing.train`); nothing is downloaded.
@@ -32,7 +33,9 @@ CLEAN = 0.0            # the noise level of a committed frame
 def to_video(x: torch.Tensor, upscale: int) -> torch.Tensor:
     """Frames [F, 3, size, size] in [-1, 1] -> uint8 [F, size*up, size*up, 3], nearest-neighbour."""
     rgb = ((x.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
-    return rgb.repeat_interleave(upscale, dim=1).repeat_interleave(upscale, dim=2).contiguous()
+    if upscale > 1:  # 1: the video writer may upscale instead (output.scale), off this thread
+        rgb = rgb.repeat_interleave(upscale, dim=1).repeat_interleave(upscale, dim=2)
+    return rgb.contiguous()
 
 
 class BouncingWorld:
