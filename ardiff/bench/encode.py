@@ -47,6 +47,7 @@ def measure_encode(arm: RunnerArm, blocks: int, tag: str) -> EncodeRun:
     kind = output_kind(str(out.path))
     settings = ({"codec": out.codec, "crf": out.crf, "preset": out.preset}
                 if kind in ENCODED else {})  # else the default mp4, with its defaults
+    settings["scale"] = out.scale  # the video's size, whatever the format
     suffix = kind if kind in ENCODED else DEFAULT_SUFFIX
     with tempfile.TemporaryDirectory() as tmp:
         arm.open(f"encode-{tag}")

@@ -162,7 +162,7 @@ def prepare_rollout(config: RunConfig, context: Any = None) -> tuple[Any, Rollou
     check_rollout_paths(config, [stream.output_path for stream in plan.streams])
     out = config.output
     for stream in plan.streams:
-        check_output_path(stream.output_path, out.codec, out.crf, out.preset)
+        check_output_path(stream.output_path, out.codec, out.crf, out.preset, out.scale)
     return resolved, plan
 
 
@@ -311,7 +311,7 @@ def _open_writer(event: BlockEvent, config: RunConfig):
 
     out = config.output
     return VideoWriter(event.stream.output_path, out.fps, codec=out.codec, crf=out.crf,
-                       preset=out.preset)
+                       preset=out.preset, scale=out.scale)
 
 
 def _close_writer(writer: Any, stream: Any, report: RolloutReport, stop: RolloutStop) -> None:

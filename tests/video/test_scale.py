@@ -136,7 +136,9 @@ def test_the_default_models_frames_scaled_by_the_writer_equal_the_pipelines_upsc
         finally:
             runner.close()
 
-    write(tmp_path / "new.npy", frames(1), scale=8)
+    default = load_config(None)
+    assert default.pipeline.args["upscale"] == 1 and default.output.scale == 8
+    write(tmp_path / "new.npy", frames(1), scale=default.output.scale)
     old = frames(8)
     assert old.shape == (7, 256, 256, 3)
     assert np.load(tmp_path / "new.npy").tobytes() == old.tobytes()
