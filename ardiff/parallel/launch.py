@@ -5,7 +5,9 @@
 Everything a single-process run checks (config, spec, paths, capacity of the plan) is
 checked here first, plus the parallel knobs (workers per prompt, devices per rank, the
 backend), so bad input exits 2 before any process starts. Then `workers * cfg` ranks are
-spawned (multiprocessing, spawn start method) and rendezvous over TCP on this host.
+started from a forkserver (multiprocessing: a clean interpreter that imported torch and
+the rollout once, so ranks after the first start in milliseconds) and rendezvous over TCP
+on this host.
 
 Supervision, every quarter second until every rank has sent its result or ended:
 - a rank's progress adds up into the job's `on_event` progress;
@@ -39,6 +41,7 @@ from ardiff.rollout.report import RolloutReport
 
 POLL_S = 0.25          # how often the parent looks at its ranks
 KILL_GRACE_S = 3.0     # a rank asked to end (SIGTERM) has this long before SIGKILL
+PRELOAD = ["torch", "ardiff.rollout.job", "ardiff.parallel.worker"]  # the forkserver imports them once
 
 
 def run_parallel_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], None] | None = None,
@@ -150,7 +153,11 @@ class Supervisor:
     def _start(self) -> None:
         import multiprocessing
 
-        context = multiprocessing.get_context("spawn")
+        context = multiprocessing.get_context("forkserver")
+        # A fresh interpreter (not a fork of this process and its threads) that imported
+        # torch and the rollout once: every rank after the first starts in milliseconds
+        # instead of importing torch again (~1.2 s of CPU each).
+        context.set_forkserver_preload(PRELOAD)
         # Started with SIGINT/SIGHUP blocked (a spawned interpreter inherits the mask), so a
         # Ctrl-C while a rank imports cannot kill it before it ignores them.
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGHUP})

@@ -50,7 +50,8 @@ def spawned_rank_main(job: RankJob, conn: Any) -> None:
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _interrupt)
-    # The parent blocked them while starting us (a spawned interpreter inherits the mask).
+    # Blocked while we started (the forkserver was started with them blocked, and a fork
+    # inherits the mask), so a Ctrl-C before the lines above could not end this rank.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGHUP})
     lock = threading.Lock()
 
