@@ -33,6 +33,7 @@ from pydantic.dataclasses import dataclass
 from pydantic.json_schema import SkipJsonSchema
 
 from ardiff.config import schema
+from ardiff.config.parallel import ParallelConfig
 from ardiff.config.play import PlayConfig
 from ardiff.config.text import find_bad_text, path_problem, short_repr, shorten, text_problem
 from ardiff.config.yaml_loader import safe_load
@@ -55,8 +56,6 @@ MAX_SESSIONS = 65_536   # resident sessions of one process; far above what a dev
 MAX_PAGE_TOKENS = 2**20  # tokens of one KV page; far above any frame
 MAX_CRF = 63            # the largest crf of any codec (libvpx-vp9; libx264 stops at 51)
 MAX_SCALE = 32          # output.scale: a 32x32 frame -> 1024x1024; memory grows with scale**2
-MAX_WORKERS = 1024      # processes of one job; far above the devices of one cluster
-MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: a group that waits longer is a typo
 MIN_FPS, MAX_FPS = 0.01, 1000.0  # every format stores these rates: a GIF delay is at most
 #                         655 s, Matroska and WebM count milliseconds, MP4 fails past ~3000
 
@@ -118,46 +117,6 @@ class KVConfig:
     page_tokens: Annotated[StrictInt, Field(gt=0, le=MAX_PAGE_TOKENS)] | None = None
     poison: StrictBool = False
     """Fill unused and freed pages with NaN so a wrong read shows (debugging aid; slower)."""
-
-
-@dataclass(frozen=True, config=_SECTION)
-class ParallelConfig:
-    """How many processes run the job (`ardiff.parallel`): `workers` data-parallel replicas,
-    each of `cfg` ranks (2: one CFG branch per rank), so `workers * cfg` ranks in all."""
-
-    workers: Annotated[StrictInt, Field(gt=0, le=MAX_WORKERS)] = 1
-    """Data-parallel replicas: replica r runs the prompts i with i % workers == r."""
-    cfg: StrictInt = 1
-    """Ranks per replica: 1, or 2 to run the positive and negative CFG branches side by side."""
-    launcher: Literal["spawn", "env"] = "spawn"
-    """spawn: ardiff starts the processes; env: torchrun did (RANK, WORLD_SIZE, ... are set)."""
-    backend: Literal["auto", "gloo", "nccl"] = "auto"
-    """torch.distributed backend; auto: nccl on CUDA, gloo on the CPU."""
-    threads: Literal["auto"] | Annotated[StrictInt, Field(gt=0, le=MAX_WORKERS)] = "auto"
-    """Intra-op threads per rank; auto: the host's cores / its ranks (at least 1)."""
-    timeout_s: Annotated[Finite, Field(gt=0, le=MAX_TIMEOUT_S)] = 600.0
-    """A rank silent this long (stuck, not slow to start) fails the job."""
-
-    @field_validator("threads", mode="before")
-    @classmethod
-    def _is_auto_or_a_count(cls, threads: Any) -> Any:
-        is_count = isinstance(threads, int) and not isinstance(threads, bool)
-        if threads != "auto" and not (is_count and 0 < threads <= MAX_WORKERS):
-            raise ValueError(f"{short_repr(threads)} is invalid; give a number of threads from "
-                             f"1 to {MAX_WORKERS}, or auto (the host's cores / its ranks)")
-        return threads
-
-    @field_validator("cfg")
-    @classmethod
-    def _is_one_or_two(cls, cfg: int) -> int:
-        if cfg not in (1, 2):
-            raise ValueError(f"{cfg!r} is invalid; CFG-parallel splits the two guidance "
-                             f"branches (positive, negative) over 2 ranks: use 1 or 2")
-        return cfg
-
-    @property
-    def world_size(self) -> int:
-        return self.workers * self.cfg
 
 
 @dataclass(frozen=True, config=_SECTION)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ardiff.config.run import ParallelConfig
+from ardiff.config.parallel import ParallelConfig
 from ardiff.errors import ConfigError
 from ardiff.parallel.topology import RankInfo
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ardiff.config.run import ParallelConfig
+from ardiff.config.parallel import ParallelConfig
 from ardiff.errors import ConfigError
 from ardiff.sizes import MemoryBudget
 

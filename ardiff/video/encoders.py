@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
-from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
@@ -35,32 +34,15 @@ import numpy as np
 from av.video.reformatter import VideoReformatter
 from PIL import GifImagePlugin, Image
 
-from ardiff.config.run import MAX_SCALE
-from ardiff.errors import ConfigError, OutputPathError
 from ardiff.video import disk
+from ardiff.video.codecs import AV_PIX_FMTS, DEFAULT_CRF, DIRECTORY, EncoderSettings
+from ardiff.video.pixels import pad_to_even, upscale, yuv420_upscaled
 
-DIRECTORY = "/"  # the format key of a PNG-per-frame folder
-# Allowed codecs per format; the first is the default.
-FORMAT_CODECS: dict[str, tuple[str, ...]] = {
-    ".mp4": ("libx264",),
-    ".mkv": ("ffv1", "libx264"),
-    ".webm": ("libvpx-vp9",),
-    ".gif": ("gif",),
-    ".webp": ("libwebp",),
-    ".npy": ("npy",),
-    DIRECTORY: ("png",),
-}
-CODEC_ALIASES = {"h264": "libx264", "x264": "libx264", "vp9": "libvpx-vp9", "webp": "libwebp"}
 _AV_FORMATS = {".mp4": "mp4", ".mkv": "matroska", ".webm": "webm", ".webp": "webp"}
-_AV_PIX_FMTS = {"libx264": "yuv420p", "ffv1": "bgr0", "libvpx-vp9": "yuv420p", "libwebp": "yuv420p"}
 _EVEN_SIZE_CODECS = {"libx264"}  # x264 cannot encode 4:2:0 at odd width or height
 # Codecs whose frames are upscaled after the colour conversion (see PyAVEncoder): 4:2:0 at
 # an even scale, where every 2x2 chroma sample lies inside one upscaled pixel.
 _YUV_UPSCALE_CODECS = {"libx264", "libvpx-vp9"}
-_CRF_RANGES = {"libx264": range(0, 52), "libvpx-vp9": range(0, 64)}
-DEFAULT_CRF = {"libx264": 23, "libvpx-vp9": 32}
-X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow",
-                "slower", "veryslow", "placebo")
 # ultrafast on one thread: 0.4 ms of CPU per 256x256 frame against 1.5 ms for veryfast on
 # auto threads (3% of the default model's CPU instead of 14%); files ~1.8x larger at crf 23
 # (the default video: ~100 KB instead of ~57 KB). Pick a slower preset for smaller files.
@@ -75,69 +57,6 @@ PNG_COMPRESS_LEVEL = 1  # zlib level: fast; PNG stays lossless at any level
 _NPY_COUNT_DIGITS = 20  # the frame count's fixed width in the .npy header, so it can be rewritten
 GIF_TRAILER = b";"
 PYAV_BUFFER_BYTES = 256 * 2**10  # PyAV hands the file this much per write call (default 32 KiB)
-
-
-def resolve_codec(kind: str, codec: str | None) -> str:
-    """The codec a format uses: `codec` (or its alias) if the format allows it, else the default.
-
-    `kind` is a key of FORMAT_CODECS. Raises OutputPathError (`output.codec`) when the
-    codec is not one of the format's, or when PyAV's FFmpeg build cannot encode it.
-    """
-    allowed = FORMAT_CODECS[kind]
-    name = allowed[0] if codec is None else CODEC_ALIASES.get(codec, codec)
-    where = "a PNG folder" if kind == DIRECTORY else f"{kind} files"
-    if name not in allowed:
-        raise OutputPathError(f"output.codec: {codec!r} is not a codec for {where}; "
-                              f"use one of {', '.join(allowed)} (or leave it unset)")
-    if name in _AV_PIX_FMTS and not is_codec_available(name):
-        raise OutputPathError(f"output.codec: {name!r} (for {where}) is not available in this "
-                              f"PyAV/FFmpeg build (av {av.__version__}); install a PyAV wheel "
-                              f"that includes it, or pick another format")
-    return name
-
-
-def is_codec_available(name: str) -> bool:
-    """Whether PyAV's FFmpeg can encode with `name`."""
-    try:
-        av.codec.Codec(name, "w")
-    except ValueError:  # av.codec.codec.UnknownCodecError
-        return False
-    return True
-
-
-@dataclass(frozen=True)
-class EncoderSettings:
-    """What to encode with: the resolved codec and its quality knobs (None where unused).
-
-    Raises ConfigError (`output.crf`, `output.preset`) for a value out of range or a knob
-    the codec does not have.
-    """
-
-    kind: str
-    codec: str
-    crf: int | None = None
-    preset: str | None = None
-    scale: int = 1
-
-    def __post_init__(self) -> None:
-        if (isinstance(self.scale, bool) or not isinstance(self.scale, int)
-                or not 1 <= self.scale <= MAX_SCALE):
-            raise ConfigError(f"output.scale: {self.scale!r} must be an integer from 1 to "
-                              f"{MAX_SCALE} (1 keeps the frames' size); try 1")
-        crf_range = _CRF_RANGES.get(self.codec)
-        if self.crf is not None and crf_range is None:
-            raise ConfigError(f"output.crf: {self.crf!r} is set but {self.codec} has no crf; "
-                              f"crf applies to libx264 and libvpx-vp9 only, so leave it unset")
-        if self.crf is not None and self.crf not in crf_range:
-            raise ConfigError(f"output.crf: {self.crf!r} is out of range for {self.codec} "
-                              f"({crf_range.start}..{crf_range.stop - 1}); try "
-                              f"{DEFAULT_CRF[self.codec]}")
-        if self.preset is not None and self.codec != "libx264":
-            raise ConfigError(f"output.preset: {self.preset!r} is set but {self.codec} has no "
-                              f"preset; presets apply to libx264 only, so leave it unset")
-        if self.preset is not None and self.preset not in X264_PRESETS:
-            raise ConfigError(f"output.preset: {self.preset!r} is not an x264 preset; use one "
-                              f"of {', '.join(X264_PRESETS)}")
 
 
 class Encoder:
@@ -257,7 +176,7 @@ class PyAVEncoder(Encoder):
         self._container = av.open(self._file, "w", format=_AV_FORMATS[kind],
                                   options=container_options, buffer_size=PYAV_BUFFER_BYTES)
         stream = self._container.add_stream(codec, rate=self.rate, options=self._codec_options())
-        stream.width, stream.height, stream.pix_fmt = width, height, _AV_PIX_FMTS[codec]
+        stream.width, stream.height, stream.pix_fmt = width, height, AV_PIX_FMTS[codec]
         stream.time_base = stream.codec_context.time_base = 1 / self.rate  # pts counts frames
         if codec == "libvpx-vp9":
             stream.bit_rate = 0  # with crf: constant quality
@@ -421,35 +340,6 @@ def npy_header(frames: int, height: int, width: int) -> bytes:
     unpadded = len(magic) + 2 + len(text) + 1  # 2: the header length field; 1: the newline
     text += " " * (-unpadded % np.lib.format.ARRAY_ALIGN) + "\n"
     return magic + struct.pack("<H", len(text)) + text.encode("latin1")
-
-
-def upscale(block: np.ndarray, scale: int) -> np.ndarray:
-    """[F, H, W, 3] -> [F, H * scale, W * scale, 3], nearest-neighbour (the block if scale 1)."""
-    return block if scale == 1 else block.repeat(scale, axis=1).repeat(scale, axis=2)
-
-
-def yuv420_upscaled(frame: av.VideoFrame, scale: int) -> av.VideoFrame:
-    """A yuv444p frame -> the yuv420p frame of it upscaled `scale` (even) times, nearest:
-    luma repeated `scale` times each way, chroma `scale / 2` times."""
-    height, width = frame.height, frame.width
-    out = av.VideoFrame(width * scale, height * scale, "yuv420p")
-    for source, plane, times in zip(frame.planes, out.planes, (scale, scale // 2, scale // 2)):
-        small = _plane_rows(source)[:height, :width].repeat(times, 0).repeat(times, 1)
-        _plane_rows(plane)[:height * times, :width * times] = small
-    return out
-
-
-def _plane_rows(plane) -> np.ndarray:
-    """A PyAV plane's bytes as rows of `line_size` (a view: writing it writes the plane)."""
-    return np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)
-
-
-def pad_to_even(block: np.ndarray) -> np.ndarray:
-    """[F, H, W, 3] -> [F, H + H % 2, W + W % 2, 3], repeating the last row / column."""
-    pad_h, pad_w = block.shape[1] % 2, block.shape[2] % 2
-    if not (pad_h or pad_w):
-        return block
-    return np.pad(block, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
 
 
 _ENCODERS = {".gif": GifEncoder, ".npy": NpyEncoder, DIRECTORY: PngDirEncoder}

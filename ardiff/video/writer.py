@@ -74,11 +74,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ardiff.video import disk, encoders
+from ardiff.video import codecs, disk, encoders
 from ardiff.errors import ConfigError, EncoderError, OutputPathError
 from ardiff.rollout.paths import check_path_text
 
-SUPPORTED_EXTENSIONS = tuple(kind for kind in encoders.FORMAT_CODECS if kind != encoders.DIRECTORY)
+SUPPORTED_EXTENSIONS = tuple(kind for kind in codecs.FORMAT_CODECS if kind != codecs.DIRECTORY)
 _RATE_MAX_DENOMINATOR = 1001  # NTSC rates (30000/1001) stay exact
 EXIT_WAIT_S = 5.0  # how long exit waits for an unclosed writer's encoder thread
 _END = None  # the queue's end marker
@@ -101,26 +101,26 @@ def check_output_path(path: str | os.PathLike, codec: str | None = None,
     check_path_text("output.path", path, file_needed=False)
     target = Path(path)
     kind = output_kind(path)
-    if kind == encoders.DIRECTORY and target.exists() and not target.is_dir():
+    if kind == codecs.DIRECTORY and target.exists() and not target.is_dir():
         raise OutputPathError(f"output.path: {str(path)!r} is an existing file, and a path "
                               f"without a suffix means a folder of PNG frames; add a suffix "
                               f"({', '.join(SUPPORTED_EXTENSIONS)}) or pick another name")
-    if kind not in encoders.FORMAT_CODECS:
+    if kind not in codecs.FORMAT_CODECS:
         raise OutputPathError(f"output.path: {str(path)!r} has an unsupported suffix {kind!r}; "
                               f"use one of {', '.join(SUPPORTED_EXTENSIONS)}, or a folder "
                               f"(a path ending in '/') for PNG frames")
     _check_folder(path, target.parent)
-    if kind == encoders.DIRECTORY and target.is_dir():
+    if kind == codecs.DIRECTORY and target.is_dir():
         _check_folder(path, target)
-    encoders.EncoderSettings(kind, encoders.resolve_codec(kind, codec), crf, preset, scale)
+    codecs.EncoderSettings(kind, codecs.resolve_codec(kind, codec), crf, preset, scale)
     return target
 
 
 def output_kind(path: str | os.PathLike) -> str:
-    """The format key of `path`: its lower-case suffix, or encoders.DIRECTORY for a PNG folder."""
+    """The format key of `path`: its lower-case suffix, or codecs.DIRECTORY for a PNG folder."""
     text, target = os.fspath(path), Path(path)
     if text.endswith(("/", os.sep)) or not target.suffix or target.is_dir():
-        return encoders.DIRECTORY
+        return codecs.DIRECTORY
     return target.suffix.lower()
 
 
@@ -162,7 +162,7 @@ class VideoWriter:
                  queue_blocks: int = 8, scale: int = 1) -> None:
         self.path = check_output_path(path, codec)  # settings are checked before anything is made
         kind = output_kind(path)
-        settings = encoders.EncoderSettings(kind, encoders.resolve_codec(kind, codec), crf, preset,
+        settings = codecs.EncoderSettings(kind, codecs.resolve_codec(kind, codec), crf, preset,
                                             scale)
         rate, maxsize = _stream_rate(fps), _queue_size(queue_blocks)
         self.codec = settings.codec
@@ -171,7 +171,7 @@ class VideoWriter:
         self._error: BaseException | None = None  # the first failure (encoder thread, publish)
         self._closed = False
         self._info: VideoInfo | None = None
-        work = disk.work_path(self.path, folder=kind == encoders.DIRECTORY)
+        work = disk.work_path(self.path, folder=kind == codecs.DIRECTORY)
         self._encoder = encoders.make_encoder(work, rate, settings)  # creates nothing yet
         self._queue: queue.Queue[np.ndarray | None] = queue.Queue(maxsize)
         self._batch_blocks = min(ENCODE_BATCH_BLOCKS, maxsize)

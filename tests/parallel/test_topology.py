@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ardiff.config.run import ParallelConfig
+from ardiff.config.parallel import ParallelConfig
 from ardiff.errors import ConfigError
 from ardiff.parallel.env import rank_from_env
 from ardiff.parallel.topology import (RankInfo, check_devices, check_streams, local_ranks,

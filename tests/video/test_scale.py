@@ -13,7 +13,7 @@ from PIL import Image
 
 from ardiff.config.run import MAX_SCALE
 from ardiff.errors import ConfigError
-from ardiff.video import encoders
+from ardiff.video import pixels
 from ardiff.video.writer import VideoWriter, check_output_path
 
 SMALL = 6  # model-size frames: 6 x 6 (even), 5 x 7 (odd) below
@@ -114,7 +114,7 @@ def test_yuv420_upscaled_repeats_the_planes():
     small = frames(1, 2, 3)[0]
     yuv = av.VideoFrame.from_ndarray(small, format="rgb24").reformat(format="yuv444p")
     planes = yuv.to_ndarray()
-    out = encoders.yuv420_upscaled(yuv, 4).to_ndarray()  # [12 * 3 / 2, 12]
+    out = pixels.yuv420_upscaled(yuv, 4).to_ndarray()  # [12 * 3 / 2, 12]
     assert np.array_equal(out[:8], upscaled(planes[0][None, ..., None], 4)[0, ..., 0])
     chroma = out[8:].reshape(2, 4, 6)
     assert np.array_equal(chroma, planes[1:].repeat(2, axis=1).repeat(2, axis=2))

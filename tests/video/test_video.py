@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from ardiff.video import encoders
+from ardiff.video import codecs, encoders, pixels
 from ardiff.errors import ConfigError, EncoderError, OutputPathError
 from ardiff.video.writer import (ENCODE_BATCH_BLOCKS, SUPPORTED_EXTENSIONS, VideoInfo, VideoWriter,
                                  check_output_path)
@@ -87,7 +87,7 @@ def test_mp4_pads_odd_sizes_by_one_pixel(tmp_path):
     write_video(tmp_path / "odd.mp4", make_frames(3, 15, 17))
     decoded, _ = decode(tmp_path / "odd.mp4")
     assert decoded.shape == (3, 16, 18, 3)  # documented: odd sizes grow by one repeated pixel
-    padded = encoders.pad_to_even(make_frames(1, 15, 17))
+    padded = pixels.pad_to_even(make_frames(1, 15, 17))
     np.testing.assert_array_equal(padded[:, 15], padded[:, 14])
     np.testing.assert_array_equal(padded[:, :, 17], padded[:, :, 16])
 
@@ -352,7 +352,7 @@ def test_check_output_path_unknown_codec(tmp_path):
 
 
 def test_check_output_path_codec_missing_from_ffmpeg(tmp_path, monkeypatch):
-    monkeypatch.setattr(encoders, "is_codec_available", lambda name: False)
+    monkeypatch.setattr(codecs, "is_codec_available", lambda name: False)
     with pytest.raises(OutputPathError, match="output.codec: 'libvpx-vp9' .* is not available "
                                               "in this PyAV/FFmpeg build"):
         check_output_path(tmp_path / "out.webm")
