@@ -18,6 +18,14 @@ process ends with the command, so a signal that comes after the work is done
 (during interpreter shutdown) is ignored and the exit code stays the one the
 stats report. Background jobs of a non-interactive shell ignore SIGINT; a
 signal ignored when the command starts stays ignored.
+
+"First" means first to arrive. CPython runs the Python handlers of signals that are
+pending together (two that came while the main thread was in C code or waiting for the
+GIL: a `kill -TERM` then `kill -HUP` a few ms apart, mid-block) in signal-number order,
+SIGHUP (1) before SIGINT (2) before SIGTERM (15), whatever their order. So the handlers
+read the order off `signal.set_wakeup_fd`, which CPython writes from its C-level handler
+as each signal comes (`ArrivalOrder`). Only signals the kernel holds pending together,
+before any thread of the process has run, come out lowest number first there too.
 """
 
 from __future__ import annotations
@@ -48,6 +56,8 @@ class StopSignals:
         self._stop: Any = None            # a library stop object (see `follow`)
         self._held = False                # no signal may raise any more
         self._previous: dict[int, Any] = {}
+        self._order = ArrivalOrder()
+        self._swapped: tuple[str, str] | None = None  # (first come, first handled) if unlike
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
@@ -55,6 +65,7 @@ class StopSignals:
                 previous = signal.getsignal(signum)
                 if previous is not signal.SIG_IGN:
                     self._previous[signum] = signal.signal(signum, self._handle)
+            self._order.open()  # after: a byte in it is a signal these handlers will see
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -63,6 +74,7 @@ class StopSignals:
                 previous = signal.SIG_IGN
             signal.signal(signum, signal.SIG_DFL if previous is None else previous)
         self._previous.clear()
+        self._order.close()
 
     def follow(self, stop: Any) -> None:
         """Hand signals to `stop` (request(name), is_interruptible, phase: ardiff's RolloutStop)."""
@@ -75,7 +87,7 @@ class StopSignals:
         self._held = True
 
     def _handle(self, signum: int, frame: object) -> None:
-        name = signal.Signals(signum).name
+        name = self._arrived(signal.Signals(signum).name)
         first = self.received is None
         if first:
             self.received = name
@@ -86,6 +98,18 @@ class StopSignals:
             raise KeyboardInterrupt(name)
         _say(self._waiting_line(name, first))
 
+    def _arrived(self, name: str) -> str:
+        """The signal this handler call stands for: for the first call, the signal that came
+        first (its own call may come later: that call then stands for this one's signal)."""
+        if self.received is None:
+            first = self._order.first() or name
+            if first != name:
+                self._swapped = (first, name)
+            return first
+        if self._swapped is not None and name == self._swapped[0]:
+            name, self._swapped = self._swapped[1], None
+        return name
+
     def _may_raise(self) -> bool:
         return not self._held and (self._stop is None or self._stop.is_interruptible)
 
@@ -93,6 +117,51 @@ class StopSignals:
         if first and getattr(self._stop, "phase", None) == "rollout":
             return f"stopping ({name}): finishing the current block, then finalising..."
         return f"finalising... ({name} waits until every file is written)"
+
+
+class ArrivalOrder:
+    """The stop signals in the order they came, from a wakeup pipe CPython writes each
+    signal's number to in its C handler (before any Python handler runs). Opened in the
+    main thread only, and only if no one else (an asyncio loop) has a wakeup fd set."""
+
+    def __init__(self) -> None:
+        self._fds: tuple[int, int] | None = None
+
+    def open(self) -> None:
+        fds = os.pipe()
+        for fd in fds:
+            os.set_blocking(fd, False)
+        previous = signal.set_wakeup_fd(fds[1], warn_on_full_buffer=False)
+        if previous != -1:  # someone else's: leave it, and fall back to the handlers' order
+            signal.set_wakeup_fd(previous)
+            _close_all(fds)
+            return
+        self._fds = fds
+
+    def first(self) -> str | None:
+        """The first stop signal among those that came since `open` (None: unknown)."""
+        if self._fds is None:
+            return None
+        try:
+            data = os.read(self._fds[0], 256)
+        except OSError:  # empty (BlockingIOError): its byte is not written yet
+            return None
+        numbers = [signum for signum in data if signum in STOP_SIGNALS]
+        return signal.Signals(numbers[0]).name if numbers else None
+
+    def close(self) -> None:
+        if self._fds is None:
+            return
+        current = signal.set_wakeup_fd(-1)
+        if current not in (-1, self._fds[1]):  # replaced meanwhile: theirs stays
+            signal.set_wakeup_fd(current)
+        _close_all(self._fds)
+        self._fds = None
+
+
+def _close_all(fds: tuple[int, ...]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _say(line: str) -> None:

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from ardiff.rollout.job import RolloutStop
 from ardiff.rollout.report import STATS_SCHEMA
 from ardiff_cli.main import app
 from ardiff_cli.signals import StopSignals
@@ -212,6 +214,42 @@ def test_the_first_signal_raises_once_and_the_handlers_are_restored():
 
     assert {s: signal.getsignal(s) for s in before} == before
 
+
+
+def came_together(*names: str) -> None:
+    """Signal this process in this order, each one's C handler run before the main thread
+    runs any Python handler (as when a `kill` lands while it is in C code): the signals go
+    to a helper thread, and the main thread runs their Python handlers after joining it."""
+    def send() -> None:
+        for name in names:
+            signal.pthread_kill(threading.get_ident(), signal.Signals[name])
+
+    helper = threading.Thread(target=send)
+    helper.start()
+    helper.join()
+
+
+@pytest.mark.parametrize("first, second", [("SIGTERM", "SIGHUP"), ("SIGTERM", "SIGINT"),
+                                           ("SIGINT", "SIGHUP"), ("SIGHUP", "SIGTERM")])
+def test_the_first_signal_to_come_is_the_reason_when_two_are_handled_together(first, second,
+                                                                             capsys):
+    # CPython runs pending handlers lowest number first (SIGHUP 1, SIGINT 2, SIGTERM 15)
+    stop = RolloutStop()
+    stop.phase = "rollout"
+    with StopSignals() as signals:
+        signals.follow(stop)
+        came_together(first, second)
+    assert (signals.received, stop.reason) == (first, first)
+    assert capsys.readouterr().err == (
+        f"stopping ({first}): finishing the current block, then finalising...\n"
+        f"finalising... ({second} waits until every file is written)\n")
+
+
+def test_the_first_signal_to_come_raises_when_two_are_handled_together():
+    with pytest.raises(KeyboardInterrupt, match="^SIGTERM$"):
+        with StopSignals() as signals:
+            came_together("SIGTERM", "SIGHUP")
+    assert signals.received == "SIGTERM"
 
 def test_held_signals_only_wait_and_ignored_ones_stay_ignored(capsys):
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
