@@ -16,7 +16,6 @@ work is on the calling thread and its CPU time (`time.thread_time`) is measured 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Callable
 
 import torch
@@ -28,18 +27,12 @@ from ardiff.bench.report import RATIOS, BenchReport, load_average
 from ardiff.config.run import RunConfig, with_base_dir
 from ardiff.engine.build import build_runner, resolve
 from ardiff.engine.runner import Runner
-from ardiff.rollout.report import peak_rss_bytes
+from ardiff.rollout.report import current_rss_bytes, peak_rss_bytes
 from ardiff.sizes import ceil_div
 
 NO_COMPILE = "runtime.compile is not in this build of ardiff"
 NO_COMPILE_LAYERS = "the pipeline offers no compile_layers"
 COMPILE_ERROR_CHARS = 160  # of a failed compile's message, in the report
-
-
-def current_rss_bytes() -> int:
-    """Resident set size now (Linux: /proc/self/statm counts pages)."""
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def run_bench(config: RunConfig, blocks: int = 8, repeats: int = 3,

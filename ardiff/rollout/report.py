@@ -9,6 +9,7 @@ the model runs faster than real time.
 from __future__ import annotations
 
 import math
+import os
 import resource
 import sys
 from dataclasses import dataclass, field
@@ -32,6 +33,15 @@ def peak_rss_bytes() -> int:
     """Peak resident set size of this process so far."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
+
+
+def current_rss_bytes() -> int:
+    """Resident set size now: /proc/self/statm on Linux, else the peak so far."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return peak_rss_bytes()
 
 
 @dataclass

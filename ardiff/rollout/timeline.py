@@ -12,22 +12,12 @@ first block), so its memory does not grow with the frames' size times the length
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ardiff.rollout.report import peak_rss_bytes
+from ardiff.rollout.report import current_rss_bytes
 
 DEFAULT_THUMBNAILS = 8
-
-
-def current_rss_bytes() -> int:
-    """Resident set size now: /proc/self/statm on Linux, else the peak so far."""
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return peak_rss_bytes()
 
 
 def thumbnail_indices(frames_total: int, count: int) -> list[int]:
