@@ -26,6 +26,8 @@ class TensorChecks:
     def __init__(self, spec, dtype: torch.dtype, device: torch.device) -> None:
         self.spec, self.dtype, self.device = spec, dtype, device
         self._kv_tail = (spec.num_kv_heads, spec.head_size)
+        self._num_layers, self._max_registers = spec.num_layers, spec.max_scratch_tokens_per_branch
+        self._on_cpu = device.type == "cpu"
         self._block_shapes = {n: (n * spec.tokens_per_frame, *self._kv_tail)  # k/v shape
                               for n in range(1, spec.frames_per_block + 1)}
 
@@ -37,36 +39,29 @@ class TensorChecks:
         state = blk._state
         if blk.is_finished or state._closed or state._session.is_released:
             return False
-        if type(layer) is not int or not 0 <= layer < self.spec.num_layers or (
+        if type(layer) is not int or not 0 <= layer < self._num_layers or (
                 not traced and blk.is_commit and layer in blk.attended_layers):
             return False
         try:
             shape = self._block_shapes[blk.num_frames]
-            ok = (k.shape == shape and v.shape == shape and self._same(q, k, v)
-                  and q.dim() == 3 and q.shape[0] > 0 and q.shape[2] == shape[2]
-                  and q.shape[1] % shape[1] == 0)
+            q_shape = q.shape
+            ok = (k.shape == shape and v.shape == shape and len(q_shape) == 3
+                  and q_shape[0] > 0 and q_shape[2] == shape[2] and q_shape[1] % shape[1] == 0
+                  and self._same(q) and self._same(k) and self._same(v))
             if extra_k is None or not ok:
                 return ok and extra_v is None
-            n = extra_k.shape[0]
-            return (extra_k.shape == (n, *self._kv_tail) and extra_v.shape == extra_k.shape
-                    and 1 <= n <= self.spec.max_scratch_tokens_per_branch
-                    and self._same(extra_k, extra_v))
+            e_shape = extra_k.shape
+            return (e_shape[1:] == self._kv_tail and extra_v.shape == e_shape
+                    and 1 <= e_shape[0] <= self._max_registers
+                    and self._same(extra_k) and self._same(extra_v))
         except (AttributeError, TypeError, IndexError, KeyError):  # the full checks say why
             return False
 
-    def _same(self, *tensors: torch.Tensor) -> bool:
-        """Every tensor a torch.Tensor of the runtime dtype on the runtime device."""
-        dtype, on_device = self.dtype, self._on_device
-        for t in tensors:
-            if not (type(t) is torch.Tensor and t.dtype == dtype and on_device(t)):
-                return False
-        return True
-
-    def _on_device(self, t: torch.Tensor) -> bool:
-        """On the runtime device (cheaper than building `t.device`)."""
-        if self.device.type == "cpu":
-            return t.is_cpu
-        return t.device == self.device
+    def _same(self, t: torch.Tensor) -> bool:
+        """A torch.Tensor of the runtime dtype on the runtime device (on CPU, `is_cpu`:
+        cheaper than building `t.device`)."""
+        return (type(t) is torch.Tensor and t.dtype == self.dtype
+                and (t.is_cpu if self._on_cpu else t.device == self.device))
 
     def tensor(self, layer: int, label: str, t: object) -> torch.Tensor:
         if not isinstance(t, torch.Tensor):

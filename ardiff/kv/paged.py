@@ -150,9 +150,8 @@ class BlockAddress:
         self.history = storage.frames_address(history)
         self.block = storage.frames_address(frames)
         self.block_views = storage.write_views(self.block)  # per layer, None: by index
-        self._history_block = self.history.concat(self.block)
         self._history_views: dict[int, tuple[list, list] | None] = {}  # per layer
-        self._reads: dict[int, TokenAddress] = {0: self._history_block}
+        self._reads: dict[int, TokenAddress] = {}  # per register count, built when asked
         self._registers: dict[int, TokenAddress] = {}
         self.max_registers = max_registers
 
@@ -169,7 +168,7 @@ class BlockAddress:
     def op_indices(self, slot: Slot) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """(write, read) index tensors of `ardiff::paged_attend` per register count: views
         of the slot's static buffers, loaded with this address (outside any compiled code)."""
-        return slot.indices.load(self, self.block, self._history_block,
+        return slot.indices.load(self, self.block, self.read(0),
                                  self.registers(self.max_registers))
 
     def registers(self, num_tokens: int) -> TokenAddress:
@@ -182,8 +181,10 @@ class BlockAddress:
     def read(self, num_registers: int) -> TokenAddress:
         address = self._reads.get(num_registers)
         if address is None:
-            address = self._reads[num_registers] = self._history_block.concat(
-                self.registers(num_registers))
+            history_block = self.history.concat(self.block)
+            if num_registers:
+                history_block = history_block.concat(self.registers(num_registers))
+            address = self._reads[num_registers] = history_block
         return address
 
 
@@ -214,7 +215,9 @@ class PagedBlock:
                                          for i in range(num_frames)]
         self.address = branch.block_address(self.frames, recache_at)
         self.slot = branch.slot
-        self.op_indices = self.address.op_indices(self.slot)
+        # Only a cache planned for `ardiff::paged_attend` (runtime.compile) loads its index
+        # buffers: the eager path never reads them, and loading them costs ~4 copies a block.
+        self.op_indices = self.address.op_indices(self.slot) if plan.stores_registers else None
         self._done = False
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -244,6 +247,10 @@ class PagedBlock:
         if extra_k is not None:
             num_registers = extra_k.shape[0]
             k, v = torch.cat([k, extra_k]), torch.cat([v, extra_v])
+        if self.op_indices is None:
+            raise KVStateError("attend: a compiled layer stack attended through a cache planned "
+                               "for the eager path (stores_registers=False); build the runner "
+                               "with runtime.compile: true")
         if num_registers not in self.op_indices:
             raise KVStateError("attend: a compiled layer stack passed register tokens to a "
                                "cache planned without register pages; build the runner with "

@@ -45,6 +45,10 @@ class PagedStorage:
         self._flat_views = [(k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:]))
                             for k, v in zip(self.k, self.v)]
         self._addresses: dict[tuple[tuple[int, ...], ...], TokenAddress] = {}
+        # Memoised views per (layer, runs): the pool hands the same pages back, so a block's
+        # in-flight stretches and the window's history stretches recur block after block.
+        self._views: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        self._write_views: dict[tuple, list[tuple[torch.Tensor, torch.Tensor] | None]] = {}
 
     @property
     def nbytes(self) -> int:
@@ -70,6 +74,15 @@ class PagedStorage:
     def write_views(self, address: TokenAddress) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
         """Per layer, the (K, V) views of `address` when it is one stretch (a write is then
         two plain copies); None per layer when it is not."""
+        views = self._write_views.get(address.runs)
+        if views is None:
+            if len(self._write_views) >= ADDRESS_CACHE_SIZE:
+                self._write_views.clear()
+            views = self._write_views[address.runs] = self._new_write_views(address)
+        return views
+
+    def _new_write_views(self, address: TokenAddress
+                         ) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
         if len(address.runs) != 1:
             return [None] * len(self._flat_views)
         start, length = address.runs[0]
@@ -82,9 +95,16 @@ class PagedStorage:
         past MAX_VIEW_RUNS stretches: gather instead)."""
         if len(address.runs) > MAX_VIEW_RUNS:
             return None
-        k, v = self._flat_views[layer]
-        return ([k.narrow(0, start, length) for start, length in address.runs],
+        key = (layer, address.runs)
+        views = self._views.get(key)
+        if views is None:
+            if len(self._views) >= ADDRESS_CACHE_SIZE:
+                self._views.clear()
+            k, v = self._flat_views[layer]
+            views = self._views[key] = (
+                [k.narrow(0, start, length) for start, length in address.runs],
                 [v.narrow(0, start, length) for start, length in address.runs])
+        return views
 
     def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `layer`'s K and V as [pages * page_tokens, heads, head_size] (views)."""

@@ -189,6 +189,21 @@ def test_window_full_blocks_read_static_index_buffers():
     assert len(set(full)) == 1, "same buffers, same shapes block after block"
 
 
+def test_an_eager_cache_loads_no_op_indices_and_its_traced_attend_says_so():
+    """A cache planned for the eager path (stores_registers=False: no runtime.compile) skips
+    the per-block load of the op's index buffers; an op call through it raises, naming the fix."""
+    import dataclasses
+
+    spec = spec_()
+    plan = dataclasses.replace(plan_for(spec, 2, max_sessions=2), stores_registers=False)
+    state = open_state(create_cache(plan, "paged", poison=True), "s")
+    q, k, v = Frame(spec).qkv[0]
+    with state.block("main") as blk:
+        assert blk._kv.op_indices is None
+        with pytest.raises(KVStateError, match="runtime.compile: true"):
+            blk._kv.traced_attend(0, q, k, v, None, None, None)
+
+
 @pytest.mark.parametrize("max_runs", [0, 1])
 def test_a_scattered_history_is_gathered_and_still_equals_dense(max_runs, monkeypatch):
     """Past MAX_VIEW_RUNS stretches the history is read by one gather instead of views."""
