@@ -14,7 +14,7 @@ from ardiff.contract import (ARDiffusionCrossAttentionKVSpec, ARDiffusionKVBlock
 from ardiff.errors import (ArdiffError, BlockOutputError, CapacityError, ConfigError,
                            EncoderError, KVStateError, OutputPathError, PipelineError,
                            PipelineLoadError, RunError, SessionError, SpecError, WarmupError)
-from ardiff.parallel.context import ParallelContext, PeerLostError, cfg_branch_specs
+from ardiff.distributed.context import ParallelContext, PeerLostError, cfg_branch_specs
 
 __version__ = "0.1.0"
 
@@ -22,8 +22,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "Runner": "ardiff.engine.runner", "BlockResult": "ardiff.engine.runner",
     "build_runner": "ardiff.engine.build", "inspect_spec": "ardiff.engine.build",
-    "run_rollout": "ardiff.rollout.job", "ProgressEvent": "ardiff.rollout.job",
-    "RolloutStop": "ardiff.rollout.job",
+    "run_rollout": "ardiff.rollout.job", "run_job": "ardiff.launch.job",
+    "ProgressEvent": "ardiff.rollout.progress", "RolloutStop": "ardiff.rollout.stop",
     "RolloutReport": "ardiff.rollout.report",
     "load_config": "ardiff.config.run", "build_config": "ardiff.config.run",
     "RunConfig": "ardiff.config.run",

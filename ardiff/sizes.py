@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from ardiff.config.text import short_repr
+from ardiff.text import short_repr
 from ardiff.errors import ConfigError
 
 _UNITS = {

@@ -68,7 +68,7 @@ def bench_command(
     threads: int = typer.Option(1, "--threads", min=1, help="Torch intra-op threads."),
     markdown: bool = typer.Option(False, "--markdown", help="Print the table as Markdown."),
     workers: int = typer.Option(None, "--workers", min=2, metavar="N",
-                                help="Instead: the job on 1 worker against N (ardiff.parallel)."),
+                                help="Instead: the job on 1 worker against N (ardiff.launch)."),
     overrides: options.OverrideList = options.SetOpt,
     json_path: str = typer.Option(None, "--json", metavar="PATH",
                                   help="Write the numbers as JSON to PATH ('-': stdout)."),

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ardiff.config.play import key_map
-from ardiff.config.text import short_repr
+from ardiff.text import short_repr
 from ardiff.errors import ArdiffError, ConfigError
 
 LOG_SUFFIX = ".actions.yaml"
@@ -67,7 +67,8 @@ class PlaySession:
 
     def run(self, stop_signals: Any) -> Any:
         """Play until q, Ctrl-C, a stop signal or `rollout.frames`; returns the report."""
-        from ardiff.rollout.job import RolloutStop, run_rollout
+        from ardiff.rollout.job import run_rollout  # one process: a game is not a parallel job
+        from ardiff.rollout.stop import RolloutStop
         from ardiff.rollout.live import LiveBlocks
         from ardiff_cli.keys import TerminalKeys
         from ardiff_cli.play import Pacer, PlayDisplay

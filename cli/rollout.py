@@ -63,7 +63,8 @@ def rollout_command(
     """
     with signals.StopSignals() as stop_signals:
         with handle_errors(debug):
-            from ardiff.rollout.job import RolloutStop, run_rollout  # imports the runtime
+            from ardiff.launch.job import run_job  # imports the runtime
+            from ardiff.rollout.stop import RolloutStop
             from ardiff_cli import preview  # numpy: only when a command runs
             from ardiff_cli import progress  # rich: only when the command runs
 
@@ -81,7 +82,7 @@ def rollout_command(
             show = progress.wants_progress(no_progress or quiet)
             frames_on = preview.wants_preview(show_frames, quiet, json_path)
             with preview.rollout_display(show, frames_on, run_config.output.fps) as bar:
-                report = run_rollout(run_config, on_event=drawing.follow(bar.update), stop=stop)
+                report = run_job(run_config, on_event=drawing.follow(bar.update), stop=stop)
         stop_signals.hold()  # the stats and the summary are written whatever comes now
         if stop_signals.received and report.status == "ok":
             print(f"{stop_signals.received} came too late to stop anything: the run completed",

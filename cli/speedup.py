@@ -1,4 +1,4 @@
-"""`ardiff bench CONFIG --workers N`: one worker against N on the same job (ardiff.parallel)."""
+"""`ardiff bench CONFIG --workers N`: one worker against N on the same job (ardiff.launch)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ardiff_cli import options, render
 
 def run(run_config, workers: int, repeats: int, json_path: str | None) -> None:
     """Measure, then print the table (and the JSON); exit 1 if the JSON cannot be written."""
-    from ardiff.parallel.speedup import measure_speedup  # imports torch
+    from ardiff.bench.speedup import measure_speedup  # imports torch
 
     report = measure_speedup(run_config, workers, repeats,
                              on_progress=lambda msg: print(f"bench: {msg}", file=sys.stderr))

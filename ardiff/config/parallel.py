@@ -1,4 +1,4 @@
-"""`runtime.parallel`: how many processes run a job (ardiff.parallel runs them).
+"""`runtime.parallel`: how many processes run a job (ardiff.launch runs them).
 
     runtime:
       parallel: {workers: 2, cfg: 1, launcher: spawn, backend: auto, threads: auto,
@@ -12,10 +12,9 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, StrictFloat, StrictInt, field_validator
 from pydantic.dataclasses import dataclass
 
-from ardiff.config.text import short_repr
+from ardiff.text import short_repr
 
-MAX_WORKERS = 1024      # processes of one job; far above the devices of one cluster
-MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: a group that waits longer is a typo
+from ardiff.limits import MAX_TIMEOUT_S, MAX_WORKERS
 
 # As every section of ardiff.config.run: unknown keys are errors, docstrings describe fields.
 _SECTION = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -24,7 +23,7 @@ Finite = Annotated[StrictFloat, Field(allow_inf_nan=False)]
 
 @dataclass(frozen=True, config=_SECTION)
 class ParallelConfig:
-    """How many processes run the job (`ardiff.parallel`): `workers` data-parallel replicas,
+    """How many processes run the job (`ardiff.launch`): `workers` data-parallel replicas,
     each of `cfg` ranks (2: one CFG branch per rank), so `workers * cfg` ranks in all."""
 
     workers: Annotated[StrictInt, Field(gt=0, le=MAX_WORKERS)] = 1

@@ -24,7 +24,7 @@ from dataclasses import field
 from pydantic import ConfigDict, StrictStr, field_validator
 from pydantic.dataclasses import dataclass
 
-from ardiff.config.text import short_repr
+from ardiff.text import short_repr
 from ardiff.errors import ConfigError
 
 NAMED_KEYS = ("up", "down", "left", "right", "space", "enter", "tab")

@@ -12,7 +12,7 @@ classes give the JSON Schema editors use (`config_json_schema`).
 
 Every number has bounds, so what passes here does not fail later: counts and sizes have
 a ceiling (`MAX_FRAMES`, `MAX_SEED`, ...; README "Configs" lists them with their reasons),
-floats are finite. Text is valid Unicode without NUL (`ardiff.config.text`). YAML is read
+floats are finite. Text is valid Unicode without NUL (`ardiff.text`). YAML is read
 with limits (`ardiff.config.yaml_loader`): no duplicate keys, no alias bombs.
 """
 
@@ -35,29 +35,18 @@ from pydantic.json_schema import SkipJsonSchema
 from ardiff.config import schema
 from ardiff.config.parallel import ParallelConfig
 from ardiff.config.play import PlayConfig
-from ardiff.config.text import find_bad_text, path_problem, short_repr, shorten, text_problem
+from ardiff.text import find_bad_text, path_problem, short_repr, shorten, text_problem
 from ardiff.config.yaml_loader import safe_load
 from ardiff.dtypes import DTYPE_BYTES, RuntimeDTypeName
 from ardiff.errors import ConfigError
+from ardiff.limits import (MAX_CRF, MAX_FPS, MAX_FRAMES, MAX_NUM_STEPS, MAX_PAGE_TOKENS, MAX_SCALE,
+                           MAX_SEED, MAX_SESSIONS, MIN_FPS)
 from ardiff.sizes import MemoryBudget
 
 DEFAULT_CONFIG_NAME = "default.yaml"
 DEVICE_PATTERN = r"^(cpu|auto|cuda(:\d+)?)$"
 # Unknown keys are errors; the docstring under a field is its description in the JSON Schema.
 _SECTION = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-# Bounds of the numbers a config holds (README "Configs"); past them a value is a typo.
-MAX_FRAMES = 1_000_000  # frames, positions, windows: below sampling.SEED_STRIDE (1_000_003),
-#                         so noise streams seed * stride + frame never collide, and below the
-#                         spec's default max_model_len (2**20)
-MAX_SEED = 2**32 - 1    # seed * 1_000_003 + frame must fit torch's 64-bit manual_seed
-MAX_NUM_STEPS = 1000    # the longest schedule diffusion models are trained with
-MAX_SESSIONS = 65_536   # resident sessions of one process; far above what a device holds
-MAX_PAGE_TOKENS = 2**20  # tokens of one KV page; far above any frame
-MAX_CRF = 63            # the largest crf of any codec (libvpx-vp9; libx264 stops at 51)
-MAX_SCALE = 32          # output.scale: a 32x32 frame -> 1024x1024; memory grows with scale**2
-MIN_FPS, MAX_FPS = 0.01, 1000.0  # every format stores these rates: a GIF delay is at most
-#                         655 s, Matroska and WebM count milliseconds, MP4 fails past ~3000
 
 FrameCount = Annotated[StrictInt, Field(gt=0, le=MAX_FRAMES)]
 FrameIndex = Annotated[StrictInt, Field(ge=0, le=MAX_FRAMES)]
@@ -79,7 +68,7 @@ def _is_a_path(text: str) -> str:
 
 
 # Text a config holds: valid Unicode (no lone surrogate) without NUL; a path also fits
-# the file systems' limits on lengths (ardiff.config.text).
+# the file systems' limits on lengths (ardiff.text).
 Text = Annotated[StrictStr, AfterValidator(_is_text)]
 PathText = Annotated[Text, AfterValidator(_is_a_path)]
 

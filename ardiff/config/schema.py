@@ -11,7 +11,7 @@ the rule and the fix:
 
 Rules written as validators raise `ValueError("<value> ...; <fix>")`; the path is put
 in front here. A value (or a key) is quoted in at most `MAX_SHOWN_CHARS` characters
-(`ardiff.config.text`), so no message grows with the input.
+(`ardiff.text`), so no message grows with the input.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Annotated, Any, TypeVar, Union
 
 from pydantic import TypeAdapter, ValidationError
 
-from ardiff.config.text import key_name, short_repr
+from ardiff.text import key_name, short_repr
 from ardiff.errors import ConfigError
 
 T = TypeVar("T")

@@ -25,7 +25,7 @@ import yaml
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from ardiff.config.text import short_repr, shorten
+from ardiff.text import short_repr, shorten
 from ardiff.errors import ConfigError
 
 MAX_ALIAS_NODES = 100_000  # nodes aliases may repeat in one document; a config needs a few

@@ -26,7 +26,7 @@ from ardiff.engine.device import assumed_device, free_memory_bytes, resolve_devi
 from ardiff.engine.loader import build_pipeline, get_spec
 from ardiff.errors import ArdiffError, CapacityError, ConfigError, PipelineError
 from ardiff.kv.plan import KVPlan, make_plan
-from ardiff.config.text import shorten
+from ardiff.text import shorten
 from ardiff.sizes import MemoryBudget, format_bytes
 
 
@@ -56,7 +56,7 @@ def resolve(config: RunConfig, pipeline: Any | None = None,
 
     Under `runtime.parallel.cfg: 2` the pipeline gets its CFG-parallel context first
     (`parallel`, or a dry one for rank 0), so its spec is the one a rank runs."""
-    from ardiff.parallel.context import bind_parallel, check_cfg_spec
+    from ardiff.distributed.context import bind_parallel, check_cfg_spec
 
     if pipeline is None:
         pipeline = build_pipeline(config.pipeline, config.base_dir)
@@ -119,7 +119,7 @@ class SpecReport:
 
 def inspect_spec(config: RunConfig) -> SpecReport:
     """Build the pipeline (no `load`), validate its spec and plan it; allocate nothing."""
-    from ardiff.parallel.topology import rank_budget
+    from ardiff.distributed.topology import rank_budget
 
     parallel = config.runtime.parallel
     resolved = resolve(config)

@@ -9,7 +9,7 @@ An entry point is one of:
 The attr is a class or factory called with the config's `args` as keyword
 arguments. Construction must be cheap; the optional `load(device, dtype)` hook
 is *not* called here. Messages quote the entry, the args and what a plugin raised in
-at most `ardiff.config.text.MAX_SHOWN_CHARS` characters each.
+at most `ardiff.text.MAX_SHOWN_CHARS` characters each.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ardiff.config.run import PipelineConfig
-from ardiff.config.text import short_repr, shorten
+from ardiff.text import short_repr, shorten
 from ardiff.errors import PipelineLoadError, SpecError
 from ardiff.contract import missing_pipeline_methods
 from ardiff.contract.spec import ARDiffusionKVCacheSpec

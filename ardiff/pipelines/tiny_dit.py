@@ -9,7 +9,7 @@
     CFG:      guidance_scale > 1 runs `positive` and `negative` branches (declared when
               cfg=True) and mixes their predictions; under CFG-parallel
               (`runtime.parallel.cfg: 2`) each rank runs one branch and all-gathers the
-              other's prediction every step (ardiff.parallel.context)
+              other's prediction every step (ardiff.distributed.context)
     decoder:  latents -> RGB with the previous latent frame as per-session state
 
 Weights are a deterministic random initialisation from `weights_seed`: the

@@ -7,9 +7,9 @@ from pathlib import Path
 import yaml
 
 from ardiff.config import yaml_loader
-from ardiff.config.text import short_repr
+from ardiff.text import short_repr
 from ardiff.errors import ConfigError
-from ardiff.rollout.paths import check_path_text
+from ardiff.path_text import check_path_text
 
 
 def input_file(field: str, value: object, base_dir: Path) -> Path | None:

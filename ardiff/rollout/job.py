@@ -19,9 +19,9 @@ in `stop.phase`: while nothing is on disk (`loading`, `warmup`) a caller may
 instead raise KeyboardInterrupt to stop at once — the job reports that as an
 interrupt too, as it does a KeyboardInterrupt a pipeline raises.
 
-With `runtime.parallel` asking for more than one process (or `launcher: env`),
-`run_rollout` hands the job to `ardiff.parallel`, whose ranks each run their `JobShare`
-of it through this same function and whose parent merges their reports into one.
+`run_rollout` runs in this one process. A job of several processes
+(`runtime.parallel`) is `ardiff.launch`'s: its ranks each run their `JobShare` of it
+through this same function, and its parent merges their reports into one.
 """
 
 from __future__ import annotations
@@ -33,74 +33,16 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from ardiff.config.run import RunConfig
-from ardiff.errors import (EXIT_FAILED, EXIT_INTERRUPTED, ArdiffError, PipelineLoadError,
-                           WarmupError)
+from ardiff.errors import (EXIT_FAILED, EXIT_INTERRUPTED, ArdiffError, ConfigError,
+                           PipelineLoadError, WarmupError)
 from ardiff.engine.build import build_runner, resolve
 from ardiff.rollout.handoff import make_handoff
 from ardiff.rollout.streams import BlockEvent, RolloutPlan, check_capacity, iter_rollout, plan_rollout
 from ardiff.rollout.paths import check_rollout_paths
+from ardiff.rollout.progress import ProgressEvent
 from ardiff.rollout.report import OutputRecord, RolloutReport, peak_rss_bytes
-
-INTERRUPTIBLE_PHASES = ("loading", "warmup")  # nothing on disk yet: an exception costs nothing
-
-
-class RolloutStop:
-    """A cooperative stop shared by a caller and one job.
-
-    `request(reason)` asks the job to stop at its next safe point; it only sets an
-    attribute, so a signal handler may call it. `reason` is the first request (None:
-    go on). `phase` is set by the job: `loading`, `warmup`, `rollout`, `finalising`,
-    `done`; `is_interruptible` says whether a KeyboardInterrupt raised now would find
-    no file open (the job still reports it as `interrupted`).
-    """
-
-    def __init__(self) -> None:
-        self.reason: str | None = None
-        self.phase = "loading"
-
-    def request(self, reason: str = "a stop request") -> None:
-        if self.reason is None:
-            self.reason = reason
-
-    @property
-    def is_interruptible(self) -> bool:
-        return self.phase in INTERRUPTIBLE_PHASES
-
-    def poll(self) -> str | None:
-        """The reason to stop, read at a safe point (a rank's stop agrees on it with its
-        peers here, so the ranks of a CFG group stop at the same block)."""
-        return self.reason
-
-
-@dataclass(frozen=True)
-class JobShare:
-    """The part of a job one process runs (`ardiff.parallel`): the streams `i` with
-    `i % workers == replica`; `writes`: whether it encodes them (one rank per CFG group);
-    `context`: the pipeline's CFG-parallel context; `agree_min`: the minimum of an integer
-    over the ranks (the session capacity, so every rank's LRU decides alike)."""
-
-    replica: int = 0
-    workers: int = 1
-    writes: bool = True
-    context: Any = None
-    agree_min: Callable[[int], int] | None = None
-
-    def select(self, plan: RolloutPlan) -> RolloutPlan:
-        streams = tuple(s for s in plan.streams if s.index % self.workers == self.replica)
-        return dataclasses.replace(plan, streams=streams)
-
-
-@dataclass(frozen=True)
-class ProgressEvent:
-    """Progress for a UI: `phase` is `warmup`, `rollout` or `done`; a `rollout` event carries
-    its block (frames included) and the KV pages in use after it (None: a dense cache)."""
-
-    phase: str
-    frames_written: int
-    frames_total: int
-    block: BlockEvent | None = None
-    pages_in_use: int | None = None
-
+from ardiff.rollout.share import JobShare
+from ardiff.rollout.stop import RolloutStop
 
 BlockSource = Callable[[Any, RolloutPlan], Iterator[BlockEvent]]  # (runner, plan) -> blocks
 
@@ -111,16 +53,16 @@ def run_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], None] | N
     """Run the rollout the config describes; return its report (status ok/failed/interrupted).
 
     `stop` is polled at safe points (see the module docstring); None: run to the end.
-    `share`: this process's part of a parallel job (None: the whole job, in as many
-    processes as `runtime.parallel` asks for). `blocks` drives the runner (default: the
+    `share`: this process's part of a parallel job (None: the whole job, which must
+    be one process's: `ardiff.launch.run_job` chooses). `blocks` drives the runner (default: the
     plan's blocks; `ardiff.rollout.live` steps one block at a time with actions chosen as
     it goes). Raises ardiff errors only before the rollout starts (bad input, capacity,
     loading).
     """
     if share is None and needs_processes(config):
-        from ardiff.parallel.launch import run_parallel_rollout
-
-        return run_parallel_rollout(config, on_event, stop)
+        raise ConfigError(f"runtime.parallel: {config.runtime.parallel.world_size} processes "
+                          f"(launcher {config.runtime.parallel.launcher}) are a job for "
+                          f"ardiff.launch.run_job; run_rollout runs one process")
     emit = on_event or (lambda event: None)
     stop = stop or RolloutStop()
     share = share or JobShare()

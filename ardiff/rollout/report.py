@@ -77,7 +77,7 @@ class RolloutReport:
     peak_device_bytes: int | None = None
     outputs: list[OutputRecord] = field(default_factory=list)
     exception: BaseException | None = field(default=None, repr=False)  # for --debug; not in JSON
-    parallel: dict[str, Any] | None = None     # a parallel job (ardiff.parallel): its shape
+    parallel: dict[str, Any] | None = None     # a parallel job (ardiff.launch): its shape
     ranks: list[dict[str, Any]] | None = None  # ... and one record per rank
     is_primary: bool = True  # False on a torchrun rank other than 0: rank 0 reports the job
 

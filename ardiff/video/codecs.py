@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import av
 
-from ardiff.config.run import MAX_SCALE
+from ardiff.limits import MAX_SCALE
 from ardiff.errors import ConfigError, OutputPathError
 
 DIRECTORY = "/"  # the format key of a PNG-per-frame folder

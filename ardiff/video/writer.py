@@ -76,7 +76,7 @@ import torch
 
 from ardiff.video import codecs, disk, encoders
 from ardiff.errors import ConfigError, EncoderError, OutputPathError
-from ardiff.rollout.paths import check_path_text
+from ardiff.path_text import check_path_text
 
 SUPPORTED_EXTENSIONS = tuple(kind for kind in codecs.FORMAT_CODECS if kind != codecs.DIRECTORY)
 _RATE_MAX_DENOMINATOR = 1001  # NTSC rates (30000/1001) stay exact

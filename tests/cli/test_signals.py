@@ -28,7 +28,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from ardiff.rollout.job import RolloutStop
+from ardiff.rollout.stop import RolloutStop
 from ardiff.rollout.report import STATS_SCHEMA
 from ardiff_cli.main import app
 from ardiff_cli.signals import StopSignals

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ardiff.config.run import MAX_SCALE
+from ardiff.limits import MAX_SCALE
 from ardiff.errors import ConfigError
 from ardiff.video import pixels
 from ardiff.video.writer import VideoWriter, check_output_path

@@ -1,11 +1,11 @@
-"""What `ardiff bench --workers N` reports (ardiff/parallel/speedup.py), from hand-made
+"""What `ardiff bench --workers N` reports (ardiff/bench/speedup.py), from hand-made
 timings: the runs themselves are measured by the benchmark, never in a test."""
 
 from __future__ import annotations
 
 import pytest
 
-from ardiff.parallel.speedup import TARGET_WALL_RATIO, Arm, SpeedupReport
+from ardiff.bench.speedup import TARGET_WALL_RATIO, Arm, SpeedupReport
 
 
 def test_the_speedup_is_the_ratio_of_median_wall_times():

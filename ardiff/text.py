@@ -21,10 +21,8 @@ import math
 import reprlib
 from typing import Any
 
-MAX_SHOWN_CHARS = 200  # the longest quote of a user's value in any message
-MAX_KEY_CHARS = 60     # the longest key shown as part of a dotted path
-MAX_NAME_BYTES = 255   # one file or folder name (NAME_MAX of Linux, macOS and Windows)
-MAX_PATH_BYTES = 4095  # a whole path (PATH_MAX of Linux, less its NUL)
+from ardiff.limits import MAX_KEY_CHARS, MAX_NAME_BYTES, MAX_PATH_BYTES, MAX_SHOWN_CHARS
+
 _FILL = "..."
 
 

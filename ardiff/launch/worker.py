@@ -25,10 +25,10 @@ from typing import Any, Callable
 
 from ardiff.config.run import RunConfig, with_base_dir
 from ardiff.errors import EXIT_FAILED, ArdiffError
-from ardiff.parallel.context import ParallelContext, PeerLostError
-from ardiff.parallel.group import Groups, join_groups, leave_groups
-from ardiff.parallel.stop import RankStop
-from ardiff.parallel.topology import RankInfo, rank_budget, rank_device
+from ardiff.distributed.context import ParallelContext, PeerLostError
+from ardiff.distributed.group import Groups, join_groups, leave_groups
+from ardiff.launch.stop import RankStop
+from ardiff.distributed.topology import RankInfo, rank_budget, rank_device
 
 START_S = 300.0  # a rank may take this long to start, load and build (timeout_s counts after)
 
@@ -89,7 +89,8 @@ def run_rank(job: RankJob, stop: RankStop, on_event: Callable[[Any], None]) -> d
     capacity) become a failed result too: the parent decides what the job reports."""
     import torch
 
-    from ardiff.rollout.job import JobShare, run_rollout
+    from ardiff.rollout.job import run_rollout
+    from ardiff.rollout.share import JobShare
 
     torch.set_num_threads(job.threads)
     rank = job.rank

@@ -16,14 +16,15 @@ import os
 from typing import Callable
 
 from ardiff.config.run import RunConfig
-from ardiff.parallel.env import rank_from_env
-from ardiff.parallel.group import leave_groups
-from ardiff.parallel.launch import prepare_job
-from ardiff.parallel.merge import JobOutcome, merge
-from ardiff.parallel.stop import RankStop
-from ardiff.parallel.topology import replica_streams
-from ardiff.parallel.worker import RankJob, run_rank
-from ardiff.rollout.job import ProgressEvent, RolloutStop
+from ardiff.distributed.env import rank_from_env
+from ardiff.distributed.group import leave_groups
+from ardiff.launch.parent import prepare_job
+from ardiff.launch.merge import JobOutcome, merge
+from ardiff.launch.stop import RankStop
+from ardiff.distributed.topology import replica_streams
+from ardiff.launch.worker import RankJob, run_rank
+from ardiff.rollout.progress import ProgressEvent
+from ardiff.rollout.stop import RolloutStop
 from ardiff.rollout.report import RolloutReport
 
 

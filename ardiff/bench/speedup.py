@@ -86,7 +86,7 @@ def _run(config: RunConfig, arm: Arm, folder: Path) -> list[Any]:
     import numpy as np
 
     from ardiff.errors import RunError
-    from ardiff.parallel.launch import run_parallel_rollout
+    from ardiff.launch.parent import run_parallel_rollout
 
     folder.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()

@@ -1,5 +1,5 @@
 """Who runs what in a parallel job, pure integers: ranks, streams, threads, budgets, devices,
-backends, torchrun's variables (ardiff/parallel/topology.py, env.py)."""
+backends, torchrun's variables (ardiff/distributed/topology.py, env.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 
 from ardiff.config.parallel import ParallelConfig
 from ardiff.errors import ConfigError
-from ardiff.parallel.env import rank_from_env
-from ardiff.parallel.topology import (RankInfo, check_devices, check_streams, local_ranks,
+from ardiff.distributed.env import rank_from_env
+from ardiff.distributed.topology import (RankInfo, check_devices, check_streams, local_ranks,
                                       pick_backend, rank_budget, rank_device, rank_threads,
                                       replica_streams)
 from ardiff.sizes import MemoryBudget

@@ -1,4 +1,4 @@
-"""Parallel jobs end to end on the CPU with gloo (`runtime.parallel`, ardiff.parallel).
+"""Parallel jobs end to end on the CPU with gloo (`runtime.parallel`, ardiff.launch).
 
 Each scenario is one module-scoped run (a rank costs seconds of torch import) that many
 tests read: data-parallel against one process, CFG-parallel against one process, a
@@ -23,7 +23,7 @@ import pytest
 
 from ardiff.config.run import load_config
 from ardiff.engine.build import inspect_spec
-from ardiff.rollout.job import run_rollout
+from ardiff.launch.job import run_job as run_rollout
 from ardiff.rollout.report import STATS_SCHEMA
 
 pytestmark = pytest.mark.slow

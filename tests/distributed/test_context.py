@@ -1,4 +1,4 @@
-"""CFG-parallel as a pipeline sees it (ardiff/parallel/context.py), the config knobs, the
+"""CFG-parallel as a pipeline sees it (ardiff/distributed/context.py), the config knobs, the
 lockstep stop and how the parent merges the ranks' outcomes (merge.py)."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import pytest
 
 from ardiff.config.run import build_config
 from ardiff.errors import ConfigError, RunError
-from ardiff.parallel.context import ParallelContext, bind_parallel, cfg_branch_specs
-from ardiff.parallel.merge import Failure, JobOutcome
-from ardiff.parallel.stop import RankStop
+from ardiff.distributed.context import ParallelContext, bind_parallel, cfg_branch_specs
+from ardiff.launch.merge import Failure, JobOutcome
+from ardiff.launch.stop import RankStop
 from ardiff.pipelines.tiny_dit import TinyCausalDiT
-from ardiff.rollout.job import RolloutStop
+from ardiff.rollout.stop import RolloutStop
 
 
 def test_branch_specs_share_slot_0_when_each_rank_runs_one():
@@ -82,7 +82,7 @@ def test_a_single_process_command_refuses_cfg_parallel():
 
 
 class FakeGroups:
-    """Stands in for ardiff.parallel.group.Groups: the CFG peer's vote is given."""
+    """Stands in for ardiff.distributed.group.Groups: the CFG peer's vote is given."""
 
     cfg = "cfg-group"
 

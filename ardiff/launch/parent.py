@@ -32,16 +32,18 @@ from typing import Any, Callable
 
 from ardiff.config.run import RunConfig
 from ardiff.errors import EXIT_FAILED
-from ardiff.parallel.merge import JobOutcome, merge
-from ardiff.parallel.topology import (RankInfo, check_devices, check_streams, local_ranks,
+from ardiff.launch.merge import JobOutcome, merge
+from ardiff.distributed.topology import (RankInfo, check_devices, check_streams, local_ranks,
                                       pick_backend, rank_threads)
-from ardiff.parallel.worker import START_S, RankJob, rank_result, spawned_rank_main
-from ardiff.rollout.job import ProgressEvent, RolloutStop, prepare_rollout
+from ardiff.launch.worker import START_S, RankJob, rank_result, spawned_rank_main
+from ardiff.rollout.job import prepare_rollout
+from ardiff.rollout.progress import ProgressEvent
+from ardiff.rollout.stop import RolloutStop
 from ardiff.rollout.report import RolloutReport
 
 POLL_S = 0.25          # how often the parent looks at its ranks
 KILL_GRACE_S = 3.0     # a rank asked to end (SIGTERM) has this long before SIGKILL
-PRELOAD = ["torch", "ardiff.rollout.job", "ardiff.parallel.worker"]  # the forkserver imports them once
+PRELOAD = ["torch", "ardiff.rollout.job", "ardiff.launch.worker"]  # the forkserver imports them once
 
 
 def run_parallel_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], None] | None = None,
@@ -49,7 +51,7 @@ def run_parallel_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], 
     """Run the job in `runtime.parallel.workers * cfg` processes; return the merged report.
     Raises ardiff errors only before any process starts."""
     if config.runtime.parallel.launcher == "env":
-        from ardiff.parallel.torchrun import run_torchrun_rank
+        from ardiff.launch.torchrun import run_torchrun_rank
 
         return run_torchrun_rank(config, on_event, stop)
     stop = stop or RolloutStop()

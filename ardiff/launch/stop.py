@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ardiff.rollout.job import RolloutStop
+from ardiff.rollout.stop import RolloutStop
 
 PEER_STOPPED = "a stop of its CFG peer"
 
@@ -20,7 +20,7 @@ class RankStop(RolloutStop):
 
     def __init__(self, follow: RolloutStop | None = None) -> None:
         super().__init__()
-        self.groups: Any = None  # ardiff.parallel.group.Groups, once joined
+        self.groups: Any = None  # ardiff.distributed.group.Groups, once joined
         self.follow = follow     # a caller's stop (torchrun: the CLI's), read at each poll
 
     def poll(self) -> str | None:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from ardiff.parallel.context import PeerLostError
-from ardiff.parallel.topology import RankInfo
+from ardiff.distributed.context import PeerLostError
+from ardiff.distributed.topology import RankInfo
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Mapping
 
 from ardiff.config.parallel import ParallelConfig
 from ardiff.errors import ConfigError
-from ardiff.parallel.topology import RankInfo
+from ardiff.distributed.topology import RankInfo
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                       "MASTER_PORT")

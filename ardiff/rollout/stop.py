@@ -1,0 +1,38 @@
+"""A cooperative stop shared by a caller (the CLI's signal handler) and one rollout job.
+
+    stop = RolloutStop(); run_rollout(config, stop=stop)   # elsewhere: stop.request("SIGTERM")
+
+The job polls it at its safe points and publishes where it is in `phase`.
+"""
+
+from __future__ import annotations
+
+INTERRUPTIBLE_PHASES = ("loading", "warmup")  # nothing on disk yet: an exception costs nothing
+
+
+class RolloutStop:
+    """A cooperative stop shared by a caller and one job.
+
+    `request(reason)` asks the job to stop at its next safe point; it only sets an
+    attribute, so a signal handler may call it. `reason` is the first request (None:
+    go on). `phase` is set by the job: `loading`, `warmup`, `rollout`, `finalising`,
+    `done`; `is_interruptible` says whether a KeyboardInterrupt raised now would find
+    no file open (the job still reports it as `interrupted`).
+    """
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.phase = "loading"
+
+    def request(self, reason: str = "a stop request") -> None:
+        if self.reason is None:
+            self.reason = reason
+
+    @property
+    def is_interruptible(self) -> bool:
+        return self.phase in INTERRUPTIBLE_PHASES
+
+    def poll(self) -> str | None:
+        """The reason to stop, read at a safe point (a rank's stop agrees on it with its
+        peers here, so the ranks of a CFG group stop at the same block)."""
+        return self.reason
