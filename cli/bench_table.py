@@ -3,6 +3,7 @@ table or as Markdown to paste. Targets are printed beside the numbers, never ass
 
 from __future__ import annotations
 
+from ardiff.kv.backends import DEFAULT_BACKEND, backend_names
 from ardiff.sizes import format_bytes
 
 RATIO_TARGETS = {"paged/dense": 1.03, "ardiff/reference": 1.05}
@@ -83,7 +84,7 @@ def _ratio_rows(data: dict) -> list[tuple]:
 
 def _kv_rows(data: dict) -> list[tuple]:
     out = []
-    for name in ("paged", "dense"):
+    for name in backend_names():
         arm = data["arms"][name]
         if arm["kv_bytes_allocated"] is None:
             continue
@@ -91,7 +92,7 @@ def _kv_rows(data: dict) -> list[tuple]:
         out.append((f"KV bytes, {name} (/ plan minimum)",
                     f"{format_bytes(arm['kv_bytes_allocated'])} "
                     f"({arm['kv_bytes_vs_plan_min']:.2f})", "",
-                    "= 1.00" if name == "paged" else "", _mark(exact) if name == "paged" else ""))
+                    *(("= 1.00", _mark(exact)) if name == DEFAULT_BACKEND else ("", ""))))
     return out
 
 

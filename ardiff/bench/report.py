@@ -8,11 +8,15 @@ from typing import Any
 
 from ardiff.bench.arms import Arm
 from ardiff.bench.spread import Spread, paired_ratios
+from ardiff.kv.backends import DEFAULT_BACKEND, backend_names, reference_backend
 
-# The paired ratios a bench reports: (name, numerator arm, denominator arm).
-RATIOS = (("paged/dense", "paged", "dense"),
-          ("ardiff/reference", "paged", "reference"),
-          ("eager/compiled", "paged", "compiled"))
+# The paired ratios a bench reports: (name, numerator arm, denominator arm): each KV backend
+# against the reference backend (paged/dense), then the default backend against a
+# hand-written loop and against itself compiled.
+RATIOS = (*((f"{name}/{reference_backend()}", name, reference_backend())
+            for name in backend_names() if name != reference_backend()),
+          ("ardiff/reference", DEFAULT_BACKEND, "reference"),
+          ("eager/compiled", DEFAULT_BACKEND, "compiled"))
 
 
 def load_average() -> list[float]:
@@ -83,7 +87,7 @@ class BenchReport:
         """Compiled warmup beyond eager warmup: what compiling cost, once."""
         if "compiled" not in self.warmup_s:
             return None
-        return self.warmup_s["compiled"] - self.warmup_s["paged"]
+        return self.warmup_s["compiled"] - self.warmup_s[DEFAULT_BACKEND]
 
 
 def _arm_dict(arm: Arm, kv_bytes: int | None, plan_min_bytes: int) -> dict[str, Any]:

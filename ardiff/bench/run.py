@@ -27,6 +27,7 @@ from ardiff.bench.report import RATIOS, BenchReport, load_average
 from ardiff.config.run import RunConfig, with_base_dir
 from ardiff.engine.build import build_runner, resolve
 from ardiff.engine.runner import Runner
+from ardiff.kv.backends import DEFAULT_BACKEND, backend_names
 from ardiff.rollout.report import current_rss_bytes, peak_rss_bytes
 from ardiff.sizes import ceil_div
 
@@ -49,7 +50,7 @@ def run_bench(config: RunConfig, blocks: int = 8, repeats: int = 3,
     runners: dict[str, Runner] = {}
     try:
         report = _measure(config, blocks, repeats, compiled, threads, runners, say)
-        paged = report.arms["paged"]
+        paged = report.arms[DEFAULT_BACKEND]
         if encode:
             runs = []
             for rep in range(repeats):
@@ -75,10 +76,10 @@ def _measure(config: RunConfig, blocks: int, repeats: int, compiled: bool, threa
     if why_not:
         unavailable["compiled"] = why_not
     warmup_s = _warm_up(runners, unavailable, say)
-    plan = runners["paged"].plan
+    plan = runners[DEFAULT_BACKEND].plan
     arms: dict[str, Arm] = {name: RunnerArm(name, runners[name], config)
-                            for name in ("paged", "dense")}
-    new_loop, why_not = reference_loop(runners["paged"].pipeline, plan.spec)
+                            for name in backend_names()}
+    new_loop, why_not = reference_loop(runners[DEFAULT_BACKEND].pipeline, plan.spec)
     if new_loop is None:
         unavailable["reference"] = why_not
     else:
@@ -119,14 +120,14 @@ def _warm_up(runners: dict[str, Runner], unavailable: dict[str, str],
 
 
 def _build_runners(config: RunConfig, compiled: bool, runners: dict[str, Runner]) -> str | None:
-    """Into `runners`: paged and dense over one loaded pipeline, and `compiled` (paged, with
+    """Into `runners`: every KV backend over one loaded pipeline, and `compiled` (paged, with
     runtime.compile, over a second copy of the pipeline: compiling changes the pipeline it
     is given) when asked and possible; each sized for one session. Returns why there is no
     compiled runner (None when there is one). The caller closes them."""
     can_compile = "compile" in {f.name for f in dataclasses.fields(config.runtime)}
     eager = _with_runtime(config, max_sessions=1, **({"compile": False} if can_compile else {}))
     resolved = resolve(eager)
-    for i, backend in enumerate(("paged", "dense")):
+    for i, backend in enumerate(backend_names()):
         runners[backend] = build_runner(eager, resolved, load_weights=i == 0, backend=backend)
     if not compiled:
         return "not asked for (--no-compile)"
@@ -136,7 +137,7 @@ def _build_runners(config: RunConfig, compiled: bool, runners: dict[str, Runner]
     resolved_c = resolve(config_c)
     if not callable(getattr(resolved_c.pipeline, "compile_layers", None)):
         return NO_COMPILE_LAYERS
-    runners["compiled"] = build_runner(config_c, resolved_c, backend="paged")
+    runners["compiled"] = build_runner(config_c, resolved_c, backend=DEFAULT_BACKEND)
     return None
 
 

@@ -23,7 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from ardiff.config.run import RunConfig, with_base_dir
+from ardiff.errors import RunError
+from ardiff.launch.parent import run_parallel_rollout
 
 TARGET_WALL_RATIO = 0.6  # README: N = 2 workers on 2 cores take <= 0.6x one worker's time
 
@@ -83,11 +87,6 @@ def measure_speedup(config: RunConfig, workers: int, repeats: int = 3,
 
 
 def _run(config: RunConfig, arm: Arm, folder: Path) -> list[Any]:
-    import numpy as np
-
-    from ardiff.errors import RunError
-    from ardiff.launch.parent import run_parallel_rollout
-
     folder.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     report = run_parallel_rollout(_arm_config(config, arm.workers, folder))
@@ -110,6 +109,4 @@ def _arm_config(config: RunConfig, workers: int, folder: Path) -> RunConfig:
 
 
 def _equal(a: list[Any], b: list[Any]) -> bool:
-    import numpy as np
-
     return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))

@@ -31,6 +31,7 @@ from pydantic import (AfterValidator, BeforeValidator, ConfigDict, Field, Strict
                       StrictFloat, StrictInt, StrictStr, ValidationInfo, field_validator)
 from pydantic.dataclasses import dataclass
 from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import PydanticCustomError
 
 from ardiff.config import schema
 from ardiff.config.parallel import ParallelConfig
@@ -39,6 +40,7 @@ from ardiff.text import find_bad_text, path_problem, short_repr, shorten, text_p
 from ardiff.config.yaml_loader import safe_load
 from ardiff.dtypes import DTYPE_BYTES, RuntimeDTypeName
 from ardiff.errors import ConfigError
+from ardiff.kv.backends import BACKENDS, DEFAULT_BACKEND, backend_names
 from ardiff.limits import (MAX_CRF, MAX_FPS, MAX_FRAMES, MAX_NUM_STEPS, MAX_PAGE_TOKENS, MAX_SCALE,
                            MAX_SEED, MAX_SESSIONS, MIN_FPS)
 from ardiff.sizes import MemoryBudget
@@ -72,6 +74,18 @@ def _is_a_path(text: str) -> str:
 Text = Annotated[StrictStr, AfterValidator(_is_text)]
 PathText = Annotated[Text, AfterValidator(_is_a_path)]
 
+def _is_backend(name: Any) -> str:
+    """A name of `ardiff.kv.backends.BACKENDS`, read when validating (pydantic's Literal words)."""
+    if isinstance(name, str) and name in BACKENDS:
+        return name
+    *head, last = (repr(known) for known in backend_names())
+    expected = f"{', '.join(head)} or {last}" if head else last
+    raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+
+
+BackendName = Annotated[str, BeforeValidator(_is_backend), Field(
+    json_schema_extra=lambda schema: schema.update(enum=list(backend_names())))]
+
 _S = TypeVar("_S")
 # A section left empty in YAML (`runtime:`) means all its defaults.
 Section = Annotated[_S, BeforeValidator(lambda value: {} if value is None else value)]
@@ -100,7 +114,8 @@ class PipelineConfig:
 class KVConfig:
     """Runtime overrides of the spec's window, and how the cache is stored."""
 
-    backend: Literal["paged", "dense"] = "paged"
+    backend: BackendName = DEFAULT_BACKEND
+    """A name in ardiff.kv.backends.BACKENDS: paged (the runtime) or dense (the reference)."""
     window_frames: FrameCount | None = None
     sink_frames: FrameIndex | None = None
     page_tokens: Annotated[StrictInt, Field(gt=0, le=MAX_PAGE_TOKENS)] | None = None

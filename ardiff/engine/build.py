@@ -21,10 +21,13 @@ from typing import Any, Callable
 from ardiff.config.run import RunConfig
 from ardiff.contract.spec import (ARDiffusionKVCacheSpec, apply_overrides,
                                   history_frames_per_branch, spec_to_dict)
-from ardiff.dtypes import DTYPE_BYTES
+from ardiff.distributed.context import bind_parallel, check_cfg_spec
+from ardiff.distributed.topology import rank_budget
+from ardiff.dtypes import DTYPE_BYTES, torch_dtype
 from ardiff.engine.device import assumed_device, free_memory_bytes, resolve_device, resolve_dtype
 from ardiff.engine.loader import build_pipeline, get_spec
 from ardiff.errors import ArdiffError, CapacityError, ConfigError, PipelineError
+from ardiff.kv.backends import BACKENDS
 from ardiff.kv.plan import KVPlan, make_plan
 from ardiff.text import shorten
 from ardiff.sizes import MemoryBudget, format_bytes
@@ -56,8 +59,6 @@ def resolve(config: RunConfig, pipeline: Any | None = None,
 
     Under `runtime.parallel.cfg: 2` the pipeline gets its CFG-parallel context first
     (`parallel`, or a dry one for rank 0), so its spec is the one a rank runs."""
-    from ardiff.distributed.context import bind_parallel, check_cfg_spec
-
     if pipeline is None:
         pipeline = build_pipeline(config.pipeline, config.base_dir)
     cfg = config.runtime.parallel.cfg
@@ -119,8 +120,6 @@ class SpecReport:
 
 def inspect_spec(config: RunConfig) -> SpecReport:
     """Build the pipeline (no `load`), validate its spec and plan it; allocate nothing."""
-    from ardiff.distributed.topology import rank_budget
-
     parallel = config.runtime.parallel
     resolved = resolve(config)
     runtime = config.runtime
@@ -135,10 +134,10 @@ def inspect_spec(config: RunConfig) -> SpecReport:
 
 
 def stores_registers(config: RunConfig, backend: str) -> bool:
-    """Whether the cache keeps register tokens in pages: only the paged cache under
-    `runtime.compile`, whose `ardiff::paged_attend` reads nothing but pages (the eager
-    paths and the dense cache concatenate them as they come)."""
-    return backend == "paged" and config.runtime.compile
+    """Whether the cache keeps register tokens in pages: a backend that says so, under
+    `runtime.compile` (the paged cache, whose `ardiff::paged_attend` reads nothing but
+    pages; the eager paths and the dense cache concatenate them as they come)."""
+    return config.runtime.compile and BACKENDS[backend].pages_registers_when_compiled
 
 
 def _free_bytes_for_dry_run(config: RunConfig) -> int:
@@ -230,8 +229,6 @@ def compile_layers(pipeline: Any, entry: str) -> None:
 
 
 def _load(pipeline: Any, device: str, dtype: str) -> None:
-    from ardiff.dtypes import torch_dtype
-
     load = getattr(pipeline, "load", None)
     if not callable(load):
         return
@@ -248,7 +245,7 @@ def _allocate(plan: KVPlan, backend: str, device: str, poison: bool):
     """The cache; a budget the device cannot actually provide is a capacity error (exit 3)."""
     import torch
 
-    from ardiff.kv.backend import create_cache
+    from ardiff.kv.backend import create_cache  # imports torch: inspect-spec must not
 
     try:
         return create_cache(plan, backend, device, poison)

@@ -1,6 +1,6 @@
 """What every KV backend shares: the branch and block protocols, sessions, the factory.
 
-    create_cache(plan, "paged" | "dense")  -> KVCacheBase
+    create_cache(plan, "paged" | "dense")  -> KVCacheBase   (ardiff.kv.backends names them)
     cache.open_session(id) -> SessionKV     the runner alone opens and releases sessions
     cache.release_session(id)               frees its pages, tensors and cross-attention K/V
 
@@ -20,12 +20,10 @@ import torch
 from ardiff.dtypes import torch_dtype
 from ardiff.errors import KVStateError, SessionError
 from ardiff.kv import kernels
+from ardiff.kv.backends import BACKENDS, DEFAULT_BACKEND, backend_names
 from ardiff.kv.cross import CrossKVStore
 from ardiff.kv.plan import KVPlan
 from ardiff.kv.session import SessionKV
-
-BACKENDS = ("paged", "dense")
-
 
 class BlockKV(Protocol):
     """A backend's view of one block in flight."""
@@ -73,7 +71,10 @@ class KVCacheBase:
 
     backend_name = "base"
 
-    def __init__(self, plan: KVPlan, device: str | torch.device = "cpu") -> None:
+    def __init__(self, plan: KVPlan, device: str | torch.device = "cpu",
+                 poison: bool = False) -> None:
+        """`poison`: fill unused and freed storage with NaN, where a backend has any (the
+        dense backend keeps none: it allocates per block and frees by dropping)."""
         self.plan, self.spec = plan, plan.spec
         self.device = _normalize(torch.device(device))
         self.torch_dtype = torch_dtype(plan.dtype)
@@ -148,20 +149,16 @@ class KVCacheBase:
             self.release_session(session_id)
 
 
-def create_cache(plan: KVPlan, backend: str = "paged", device: str | torch.device = "cpu",
+def create_cache(plan: KVPlan, backend: str = DEFAULT_BACKEND, device: str | torch.device = "cpu",
                  poison: bool = False) -> KVCacheBase:
-    """The cache for `runtime.kv.backend`: `paged` (the runtime) or `dense` (the reference).
+    """The cache for `runtime.kv.backend`, a name in `ardiff.kv.backends.BACKENDS`.
 
-    `poison` fills unused and freed pages with NaN (paged only) so a wrong read shows."""
-    if backend == "paged":
-        from ardiff.kv.paged import PagedKVCache
-
-        return PagedKVCache(plan, device, poison)
-    if backend == "dense":
-        from ardiff.kv.dense import DenseKVCache
-
-        return DenseKVCache(plan, device)
-    raise KVStateError(f"runtime.kv.backend: {backend!r} is not a backend; use paged or dense")
+    `poison` fills unused and freed pages with NaN (where a backend has pages) so a wrong
+    read shows."""
+    if backend not in BACKENDS:
+        names = " or ".join(backend_names())
+        raise KVStateError(f"runtime.kv.backend: {backend!r} is not a backend; use {names}")
+    return BACKENDS[backend].cache_class()(plan, device, poison)
 
 
 def _normalize(device: torch.device) -> torch.device:

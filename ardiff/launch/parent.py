@@ -31,6 +31,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable
 
 from ardiff.config.run import RunConfig
+from ardiff.engine.device import resolve_device, resolve_dtype
 from ardiff.errors import EXIT_FAILED
 from ardiff.launch.merge import JobOutcome, merge
 from ardiff.distributed.topology import (RankInfo, check_devices, check_streams, local_ranks,
@@ -77,8 +78,6 @@ class PreparedJob:
 
     def __init__(self, config: RunConfig, ranks: list[RankInfo], plan: Any, device: str,
                  threads: int) -> None:
-        from ardiff.engine.device import resolve_dtype
-
         parallel = config.runtime.parallel
         self.ranks, self.threads = ranks, threads
         self.backend = pick_backend(parallel.backend, device)
@@ -96,8 +95,6 @@ class PreparedJob:
 
 def prepare_job(config: RunConfig, ranks: list[RankInfo]) -> PreparedJob:
     """Every check before a process starts (exit 2 / 3 on bad input)."""
-    from ardiff.engine.device import resolve_device
-
     parallel = config.runtime.parallel
     _resolved, plan = prepare_rollout(config)
     check_streams(ranks[0].workers, len(plan.streams))

@@ -24,10 +24,13 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ardiff.config.run import RunConfig, with_base_dir
+from ardiff.engine.device import resolve_device
 from ardiff.errors import EXIT_FAILED, ArdiffError
 from ardiff.distributed.context import ParallelContext, PeerLostError
 from ardiff.distributed.group import Groups, join_groups, leave_groups
 from ardiff.launch.stop import RankStop
+from ardiff.rollout.job import run_rollout
+from ardiff.rollout.share import JobShare
 from ardiff.distributed.topology import RankInfo, rank_budget, rank_device
 
 START_S = 300.0  # a rank may take this long to start, load and build (timeout_s counts after)
@@ -87,10 +90,7 @@ def run_rank(job: RankJob, stop: RankStop, on_event: Callable[[Any], None]) -> d
     """Join the groups and run this rank's share of the rollout (the caller leaves the
     groups); return its result (plain data). Errors before the rollout starts (loading,
     capacity) become a failed result too: the parent decides what the job reports."""
-    import torch
-
-    from ardiff.rollout.job import run_rollout
-    from ardiff.rollout.share import JobShare
+    import torch  # the rank's threads are set from the job, right after
 
     torch.set_num_threads(job.threads)
     rank = job.rank
@@ -121,8 +121,6 @@ def _rank_config(config: RunConfig, rank: RankInfo) -> RunConfig:
 
 
 def _resolved_device(device: str) -> str:
-    from ardiff.engine.device import resolve_device
-
     return resolve_device(device)
 
 

@@ -43,6 +43,7 @@ from ardiff.rollout.progress import ProgressEvent
 from ardiff.rollout.report import OutputRecord, RolloutReport, peak_rss_bytes
 from ardiff.rollout.share import JobShare
 from ardiff.rollout.stop import RolloutStop
+from ardiff.video.writer import VideoWriter, check_output_path
 
 BlockSource = Callable[[Any, RolloutPlan], Iterator[BlockEvent]]  # (runner, plan) -> blocks
 
@@ -95,8 +96,6 @@ def prepare_rollout(config: RunConfig, context: Any = None) -> tuple[Any, Rollou
     """Everything checked before any compute: the pipeline built (not loaded) and its spec,
     the plan of every stream, the paths. `context`: a CFG-parallel rank's (None: a dry one).
     Raises ConfigError / OutputPathError / SpecError."""
-    from ardiff.video.writer import check_output_path  # imports torch: only when a job runs
-
     resolved = resolve(config, parallel=context)
     spec = resolved.spec
     per_block, first_block = _video_frames_per_block(resolved.pipeline, spec.frames_per_block)
@@ -248,9 +247,7 @@ def _stopped(report: RolloutReport, stop: RolloutStop) -> bool:
     return True
 
 
-def _open_writer(event: BlockEvent, config: RunConfig):
-    from ardiff.video.writer import VideoWriter
-
+def _open_writer(event: BlockEvent, config: RunConfig) -> VideoWriter:
     out = config.output
     return VideoWriter(event.stream.output_path, out.fps, codec=out.codec, crf=out.crf,
                        preset=out.preset, scale=out.scale)

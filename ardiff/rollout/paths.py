@@ -21,6 +21,8 @@ from typing import Any, Sequence
 
 from ardiff.errors import ConfigError, OutputPathError
 from ardiff.path_text import EXAMPLE_NAMES, check_path_text
+from ardiff.rollout.inputs import input_file
+from ardiff.rollout.streams import output_paths
 
 NamedPath = tuple[str, "str | os.PathLike"]  # (field, the path as the user wrote it)
 
@@ -34,9 +36,6 @@ def check_rollout_paths(config: Any, outputs: Sequence[Path] | None = None, *,
     the prompts file). `config_file`: the config's own file, if any; `stats_file`:
     `--json` (None or '-': none). Raises OutputPathError / ConfigError.
     """
-    from ardiff.rollout.inputs import input_file  # these import this module
-    from ardiff.rollout.streams import output_paths
-
     written: list[NamedPath] = [("output.path", path)
                                 for path in (output_paths(config) if outputs is None else outputs)]
     if stats_file not in (None, "-"):

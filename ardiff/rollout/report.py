@@ -15,6 +15,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from ardiff.kv.backends import backend_names
+
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "failed", "interrupted")
 
@@ -160,7 +162,7 @@ STATS_SCHEMA: dict[str, Any] = {
                "required": ["backend", "pages_total", "pages_in_use", "pages_peak",
                             "kv_bytes_allocated", "cross_attention_bytes", "session_capacity",
                             "bytes_per_session"],
-               "properties": {"backend": {"enum": ["paged", "dense"]},
+               "properties": {"backend": {"enum": list(backend_names())},
                               "pages_total": _INT_OR_NULL, "pages_in_use": _INT_OR_NULL,
                               "pages_peak": _INT_OR_NULL, "kv_bytes_allocated": _INT,
                               "cross_attention_bytes": _INT, "session_capacity": _INT,
