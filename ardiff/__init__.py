@@ -1,16 +1,18 @@
 """ardiff: a model-neutral runtime for autoregressive (block-causal) video diffusion.
 
-Pipelines implement the upstream `SupportsARDiffusionPipeline` contract plus
-ardiff's `generate_block` (`SupportsARDiffusionBlockGeneration`) and declare
-their KV geometry with an `ARDiffusionKVCacheSpec`; ardiff plans and owns the
-cache, the sessions, the rollout loop and the video. Everything a pipeline or
-a script needs is exported here.
+    report = ardiff.run_job(ardiff.load_config("run.yaml"))   # what `ardiff rollout` runs
+
+Pipelines implement the upstream `SupportsARDiffusionPipeline` contract plus ardiff's
+`generate_block` (`SupportsARDiffusionBlockGeneration`) and declare their KV geometry with
+an `ARDiffusionKVCacheSpec`; ardiff plans and owns the cache, the sessions, the rollout
+loop and the video. Everything a pipeline or a script needs is exported here.
 """
 
 from ardiff.contract import (ARDiffusionCrossAttentionKVSpec, ARDiffusionKVBlock,
                              ARDiffusionKVBranchSpec, ARDiffusionKVCacheSpec, ARDiffusionKVState,
                              BlockOutput, RolloutRequest, SupportsARDiffusionBlockGeneration,
                              SupportsARDiffusionPipeline, SupportsARDiffusionWarmup)
+from ardiff.contract.base import ARDiffusionPipelineBase
 from ardiff.errors import (ArdiffError, BlockOutputError, CapacityError, ConfigError,
                            EncoderError, KVStateError, OutputPathError, PipelineError,
                            PipelineLoadError, RunError, SessionError, SpecError, WarmupError)
@@ -42,7 +44,7 @@ __all__ = [
     "ARDiffusionCrossAttentionKVSpec", "ARDiffusionKVBranchSpec", "ARDiffusionKVCacheSpec",
     "SupportsARDiffusionPipeline", "SupportsARDiffusionWarmup",
     "SupportsARDiffusionBlockGeneration", "ARDiffusionKVState", "ARDiffusionKVBlock",
-    "RolloutRequest", "BlockOutput",
+    "RolloutRequest", "BlockOutput", "ARDiffusionPipelineBase",
     "ArdiffError", "ConfigError", "SpecError", "PipelineLoadError", "OutputPathError",
     "CapacityError", "RunError", "KVStateError", "SessionError", "BlockOutputError",
     "PipelineError", "WarmupError", "EncoderError",

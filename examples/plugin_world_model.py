@@ -1,30 +1,16 @@
-"""An example of the plugin API: an action-conditioned world model, written the way a user
-writes an ardiff pipeline (configs/plugin-world.yaml runs it).
+"""The plugin API by example: an action-conditioned world model, loaded by file path
+(`entry: ../examples/plugin_world_model.py:ActionWorldModel`, configs/plugin-world.yaml).
 
-It uses only what `import ardiff` exports and is loaded by file path:
-
-    pipeline:
-      entry: ../examples/plugin_world_model.py:ActionWorldModel
-
-Each frame of a block is steered by an action (`left`, `right`, `up`, `down`,
-`none`). The actions become *register tokens*: extra keys and values that the
-block attends to but that are never committed to history (declared with
-`max_scratch_tokens_per_branch`). Pixels are the latent space (RGB at
-`size` x `size`, patchified), frame positions enter as a sinusoidal embedding
-of the absolute frame index (`blk.start_frame`), and a block is sampled with a
-few flow-matching steps (probes) and one commit forward. Weights are a seeded
-random initialisation: the model is untrained, the frames carry no meaning,
-but different actions give different frames. (The trained world model that ships with
-ardiff is `ardiff.pipelines.bouncing`.)
-
-Its layers are its own on purpose: ardiff's public API is the runtime contract, not a
-library of model parts, so a plugin owns its network; the shipped pipelines share theirs
-in `ardiff.pipelines.nn` and `ardiff.pipelines.sampling`, which are not public API.
+Each frame's action (`none`, `left`, `right`, `up`, `down`) becomes *register tokens*:
+keys and values the block attends to but never commits (`max_scratch_tokens_per_branch`).
+Pixels are the latent space; positions are absolute frames (`blk.start_frame`); a block
+is a few flow-matching steps (probes) and one commit. Weights are seeded and untrained.
+It uses only what `import ardiff` exports, and owns its layers on purpose: the shipped
+pipelines' shared parts (`ardiff.pipelines.shared`) are not public API.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 
@@ -107,8 +93,12 @@ class WorldNet(nn.Module):
         return F.fold(patches, (c.size, c.size), c.patch, stride=c.patch)
 
 
-class ActionWorldModel:
-    """The pipeline: one branch, actions as register tokens, no text."""
+# Subclassing ardiff.ARDiffusionPipelineBase is optional: it supplies the contract's no-op
+# defaults (load, bind, reset, close; warmup, overridden below). ardiff checks methods, not
+# the class, so writing those four methods yourself works just as well.
+class ActionWorldModel(ardiff.ARDiffusionPipelineBase):
+    """The pipeline: one branch, actions as register tokens, no text. All of its per-session
+    state is its KV history, which ardiff owns, so the session hooks stay the base's no-ops."""
 
     action_names = ACTIONS  # declared for `ardiff play` (the keys it maps)
 
@@ -134,16 +124,6 @@ class ActionWorldModel:
         self.device, self.dtype = torch.device(device), dtype
         self.net = net.to(self.device, dtype).eval()
 
-    def reset_ar_diffusion_session(self, session_id: str) -> None:
-        pass  # all of this model's session state is its KV history, which ardiff owns
-
-    def bind_ar_diffusion_state(self, session_id: str, state) -> contextlib.AbstractContextManager[None]:
-        """The state reaches generate_block as its argument: nothing to bind."""
-        return contextlib.nullcontext()
-
-    def close_ar_diffusion_session(self, session_id: str) -> None:
-        pass
-
     def ar_diffusion_warmup_requests(self, session_id: str) -> list[ardiff.RolloutRequest]:
         """Blocks that fill the sink and the window, plus one that evicts (ardiff's rule)."""
         c = self.c
@@ -162,7 +142,8 @@ class ActionWorldModel:
         return torch.tensor([ACTIONS.index(n) for n in names], device=self.device)
 
     @torch.inference_mode()
-    def generate_block(self, request: ardiff.RolloutRequest, state) -> ardiff.BlockOutput:
+    def generate_block(self, request: ardiff.RolloutRequest,
+                       state: ardiff.ARDiffusionKVState) -> ardiff.BlockOutput:
         if self.net is None:
             self.load("cpu", torch.float32)
         c = self.c

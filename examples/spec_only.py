@@ -11,7 +11,6 @@ what such a model costs on a given machine. `generate_block` refuses to run.
 
 from __future__ import annotations
 
-import contextlib
 import ardiff
 
 WAN_1_3B = dict(num_layers=30, num_kv_heads=12, head_size=128, tokens_per_frame=1560,
@@ -20,8 +19,10 @@ TEXT_TOKENS = 512   # umT5 context length used by Wan's cross-attention
 ROPE_FRAMES = 1024  # Wan's rotary table covers 1024 positions along time
 
 
-class WanSpecOnly:
+class WanSpecOnly(ardiff.ARDiffusionPipelineBase):
     """Declares the Wan2.1-1.3B causal geometry; has no weights."""
+
+    ar_diffusion_warmup_requests = None  # no warmup: there is nothing to run
 
     def __init__(self, window_frames: int = 21, sink_frames: int = 0, cfg: bool = False,
                  session_capacity: int = 4):
@@ -42,15 +43,6 @@ class WanSpecOnly:
             cross_attention=(ardiff.ARDiffusionCrossAttentionKVSpec("text", TEXT_TOKENS),),
         )
 
-    def generate_block(self, request, state):
+    def generate_block(self, request: ardiff.RolloutRequest,
+                       state: ardiff.ARDiffusionKVState) -> ardiff.BlockOutput:
         raise NotImplementedError("WanSpecOnly declares a geometry only; it has no weights")
-
-    def reset_ar_diffusion_session(self, session_id: str) -> None:
-        pass
-
-    def bind_ar_diffusion_state(self, session_id: str, state) -> contextlib.AbstractContextManager[None]:
-        """The state reaches generate_block as its argument: nothing to bind."""
-        return contextlib.nullcontext()
-
-    def close_ar_diffusion_session(self, session_id: str) -> None:
-        pass

@@ -12,17 +12,15 @@ quickly before timing); by default every token of the block queries.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 import ardiff
-from ardiff.pipelines.sampling import block_generator
+from ardiff.pipelines.shared.sampling import block_generator
 
 IMAGE_SIDE = 8  # pixels per side of the per-frame summary image
 
 
-class SyntheticAttention:
+class SyntheticAttention(ardiff.ARDiffusionPipelineBase):
     """Declares the geometry it is given; all its compute is KV attention."""
 
     def __init__(self, num_layers: int = 2, num_kv_heads: int = 2, head_size: int = 16,
@@ -43,23 +41,14 @@ class SyntheticAttention:
     def load(self, device, dtype) -> None:
         self.device, self.dtype = torch.device(device), dtype
 
-    def reset_ar_diffusion_session(self, session_id: str) -> None:
-        pass
-
-    def bind_ar_diffusion_state(self, session_id: str, state) -> contextlib.AbstractContextManager[None]:
-        """The state reaches generate_block as its argument: nothing to bind."""
-        return contextlib.nullcontext()
-
-    def close_ar_diffusion_session(self, session_id: str) -> None:
-        pass
-
     def ar_diffusion_warmup_requests(self, session_id: str) -> list[ardiff.RolloutRequest]:
         """One block with one query token: this pipeline has no model to warm, and `bench`
         fills the window itself before it times anything."""
         return [ardiff.RolloutRequest(session_id, block_index=0, extra={"q_tokens": 1})]
 
     @torch.inference_mode()
-    def generate_block(self, request: ardiff.RolloutRequest, state) -> ardiff.BlockOutput:
+    def generate_block(self, request: ardiff.RolloutRequest,
+                       state: ardiff.ARDiffusionKVState) -> ardiff.BlockOutput:
         s = self.spec
         tokens = s.frames_per_block * s.tokens_per_frame
         q_tokens = int(request.extra.get("q_tokens", tokens))

@@ -17,7 +17,7 @@ from ardiff.limits import (MAX_CRF, MAX_FPS, MAX_FRAMES, MAX_NUM_STEPS, MAX_PAGE
                            MAX_SEED, MAX_SESSIONS, MIN_FPS)
 from ardiff.contract.spec import DEFAULT_MAX_MODEL_LEN
 from ardiff.errors import ConfigError
-from ardiff.pipelines.sampling import SEED_STRIDE, block_generator
+from ardiff.pipelines.shared.sampling import SEED_STRIDE, block_generator
 
 MINIMAL = {"pipeline": {"entry": "pkg.mod:Pipe"}}
 

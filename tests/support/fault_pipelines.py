@@ -1,48 +1,18 @@
 """A pipeline that goes wrong on purpose, for tests/rollout/test_faults.py and tests/cli/test_catalogue.py.
 
-`FaultPipeline` is a tiny but real KV pipeline (2 layers, blocks of 2 frames of
-2 tokens, a 4-frame window with a 1-frame sink): every forward runs one probe
-and one commit through the KV state API. Frame `f` of the video (block
-`b`, frame `i`: f = b * 2 + i) is filled with the value `f % 256`, so a test
-reads off a video exactly which blocks it holds. Warmup requests carry
-`extra={"warmup": True}`; the faults aimed at the rollout leave them alone.
+`FaultPipeline` is a tiny but real KV pipeline (2 layers, blocks of 2 frames of 2 tokens, a
+4-frame window with a 1-frame sink): every forward runs one probe and one commit. Video frame
+f (block b, frame i: f = b * 2 + i) is filled with `f % 256`, so a test reads off a video
+which blocks it holds. Warmup requests carry `extra={"warmup": True}`; the faults aimed at the
+rollout leave them alone. Its class docstring lists the faults.
 
-`fault` picks what goes wrong and `at_block` at which rollout block:
-
-    forward     generate_block raises RuntimeError at `stage`: before (no KV touched),
-                probe (inside the probe block), commit (inside the commit block, after
-                layer 0 attended), after_commit (the block's history already written)
-    interrupt   generate_block raises KeyboardInterrupt inside the commit block
-    exit        generate_block calls sys.exit(exit_code) inside the commit block
-    signal      generate_block sends this process `signal_name` inside the commit block (as
-                a user's Ctrl-C or `kill` lands mid-block); refuses to when no Python
-                handler is installed for it, so a broken CLI cannot kill the test run
-    signal_warmup  the same, at the end of the first warmup block
-    signal_load    the same, inside load(device, dtype)
-    reset_hook  reset_ar_diffusion_session drops its state, then raises
-    close_hook  close_ar_diffusion_session drops its state, then raises
-    warmup      every warmup forward raises (rollout blocks are fine)
-    load        load(device, dtype) raises (weights missing)
-    dtype       BlockOutput.frames is float32 from `at_block` on
-    shape       BlockOutput.frames has 4 channels from `at_block` on
-    size        BlockOutput.frames grow by 2 pixels a side from `at_block` on
-
-`block_sleep_s` makes every rollout block that long (time.sleep: a slow model without
-CPU load), and `marker` names a file that holds the number of rollout blocks made so
-far (replaced atomically), so a test in another process can signal a run once it has
-frames instead of guessing with a sleep.
-
-The names this module defines appear in an error message the README quotes
-(tests/cli/test_catalogue.py), so the few standard modules the faults need are
-imported where they are used.
-
-Self-contained (only the public `ardiff` API), so the installed command loads it
-as `/abs/path/fault_pipelines.py:FaultPipeline` in another process too.
+Self-contained (the public `ardiff` API only), so the installed command loads it as
+`/abs/path/fault_pipelines.py:FaultPipeline` in another process too. The names it defines
+appear in a message the errors page quotes: standard modules are imported where used.
 """
 
 from __future__ import annotations
 
-import contextlib
 import torch
 
 import ardiff
@@ -69,8 +39,33 @@ class InjectedFault(RuntimeError):
     """What FaultPipeline raises on purpose."""
 
 
-class FaultPipeline:
-    """A real (tiny) KV pipeline with one fault switched on (or none: `fault=None`)."""
+class FaultPipeline(ardiff.ARDiffusionPipelineBase):
+    """A real (tiny) KV pipeline with one fault switched on (or none: `fault=None`).
+
+    `fault` picks what goes wrong and `at_block` at which rollout block:
+
+        forward     generate_block raises RuntimeError at `stage`: before (no KV touched),
+                    probe (inside the probe block), commit (inside the commit block, after
+                    layer 0 attended), after_commit (the block's history already written)
+        interrupt   generate_block raises KeyboardInterrupt inside the commit block
+        exit        generate_block calls sys.exit(exit_code) inside the commit block
+        signal      generate_block sends this process `signal_name` inside the commit block
+                    (as a user's Ctrl-C or `kill` lands mid-block); refuses to when no Python
+                    handler is installed for it, so a broken CLI cannot kill the test run
+        signal_warmup  the same, at the end of the first warmup block
+        signal_load    the same, inside load(device, dtype)
+        reset_hook  reset_ar_diffusion_session drops its state, then raises
+        close_hook  close_ar_diffusion_session drops its state, then raises
+        warmup      every warmup forward raises (rollout blocks are fine)
+        load        load(device, dtype) raises (weights missing)
+        dtype       BlockOutput.frames is float32 from `at_block` on
+        shape       BlockOutput.frames has 4 channels from `at_block` on
+        size        BlockOutput.frames grow by 2 pixels a side from `at_block` on
+
+    `block_sleep_s` makes every rollout block that long (time.sleep: a slow model without
+    CPU load); `marker` names a file holding the number of rollout blocks made so far
+    (replaced atomically), so a test in another process can signal a run once it has frames.
+    """
 
     def __init__(self, fault: str | None = None, at_block: int = 0, stage: str = "commit",
                  frame_size: int = 16, warmup_blocks: int = 2,
@@ -106,10 +101,6 @@ class FaultPipeline:
         if self.fault == "reset_hook":
             raise InjectedFault(f"reset hook of {session_id!r}")
 
-    def bind_ar_diffusion_state(self, session_id: str, state) -> contextlib.AbstractContextManager[None]:
-        """The state reaches generate_block as its argument: nothing to bind."""
-        return contextlib.nullcontext()
-
     def close_ar_diffusion_session(self, session_id: str) -> None:
         self.sessions.discard(session_id)
         if self.fault == "close_hook":
@@ -120,7 +111,8 @@ class FaultPipeline:
                                       extra={"warmup": True})
                 for i in range(self.warmup_blocks)]
 
-    def generate_block(self, request: ardiff.RolloutRequest, state) -> ardiff.BlockOutput:
+    def generate_block(self, request: ardiff.RolloutRequest,
+                       state: ardiff.ARDiffusionKVState) -> ardiff.BlockOutput:
         if request.extra.get("warmup") and self.fault == "warmup":
             raise InjectedFault(f"warmup block {request.block_index}")
         faulty = not request.extra.get("warmup") and request.block_index >= self.at_block

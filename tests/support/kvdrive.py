@@ -1,6 +1,6 @@
-"""Test drivers for the KV cache: tiny specs, DESIGN §3 computed on its own, and a lockstep.
+"""Test drivers for the KV cache: tiny specs, docs/design.md#3-what-a-block-sees computed on its own, and a lockstep.
 
-`WindowModel` re-derives what a block sees from the words of DESIGN §3, without
+`WindowModel` re-derives what a block sees from the words of docs/design.md#3-what-a-block-sees, without
 `ardiff.kv.window`, so a wrong policy cannot agree with itself. `Lockstep` runs
 the same blocks on a paged cache (poison=True: unused and freed pages are NaN)
 and on the dense reference, and compares every attend output as it comes.
@@ -59,7 +59,7 @@ def branch_names(spec: ARDiffusionKVCacheSpec) -> list[str]:
     return [b.name for b in spec.kv_branches]
 
 
-# -- DESIGN §3, independently --------------------------------------------------
+# -- docs/design.md#3-what-a-block-sees, independently --------------------------------
 
 def sliding_visible(sink: int, window: int, block: int, n: int) -> list[int]:
     """First min(S, n) frames + the most recent max(0, W - B) committed non-sink frames."""
@@ -70,7 +70,7 @@ def sliding_visible(sink: int, window: int, block: int, n: int) -> list[int]:
 
 @dataclass
 class WindowModel:
-    """What the next block of one branch sees, by DESIGN §3 (sliding closed form, tumbling by rule)."""
+    """What the next block of one branch sees, by docs/design.md#3-what-a-block-sees (sliding closed form, tumbling by rule)."""
 
     sink: int
     window: int
@@ -245,7 +245,7 @@ class Lockstep:
         for blk in pair:
             assert blk.start_frame == model.n
             assert blk.visible_frames == model.visible, (
-                f"{branch} at n={model.n}: got {blk.visible_frames}, DESIGN §3 says {model.visible}")
+                f"{branch} at n={model.n}: got {blk.visible_frames}, docs/design.md says {model.visible}")
 
     def _attend(self, pair, layer: int, num_frames: int) -> None:
         args = self.inputs.attend_args(num_frames)

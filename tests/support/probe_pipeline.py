@@ -1,21 +1,16 @@
 """Small but real pipelines for the runner tests: they drive the KV state API for real.
 
-Every forward runs `num_steps` probe blocks and one commit block on the `main`
-branch, attends every layer with real tensors, keeps the prompt's K/V in the
-`text` cross-attention cache, and keeps per-session model state (blocks made
-since the session began). The tensors are chosen so that each attend checks
-what the cache served:
+Every forward runs `num_steps` probes and one commit on `main`, attends every layer, keeps
+the prompt's K/V in the `text` cache and per-session model state. Each attend checks what the
+cache served:
 
     k = 0, q = 0          -> uniform attention: out = mean of the visible v
     v of frame f, layer l = f + l / 2    (every token of the frame)
 
-so `out` must equal the mean over `blk.visible_frames` plus the block's own
-frames; a page read from the wrong place (or a poisoned, freed one) shows.
-Frames out are uint8 `[F, H, W, 3]` filled with each frame's absolute index,
-so a test reads positions straight off the video.
-
-Loaded as `/abs/path/probe_pipeline.py:ProbePipeline` from YAML, or imported.
-The fault-injecting variants below change one thing each.
+so `out` must be the mean over `blk.visible_frames` and the block's own frames (a page read
+from the wrong place, or a poisoned one, shows). Frame f of the video is filled with f.
+Loaded by path (`/abs/path/probe_pipeline.py:ProbePipeline`) or imported; the variants below
+change one thing each.
 """
 
 from __future__ import annotations
@@ -61,8 +56,10 @@ class SessionModelState:
     cross_sets: int = 0
 
 
-class _ProbeBase:
+class _ProbeBase(ardiff.ARDiffusionPipelineBase):
     """The probe pipeline without warmup capability (see `ProbePipeline`)."""
+
+    ar_diffusion_warmup_requests = None  # ProbePipeline below adds warmup
 
     def __init__(self, frame_size: int = 4, num_steps: int = 2, **spec_fields) -> None:
         self.frame_size, self.num_steps = frame_size, num_steps
@@ -109,7 +106,8 @@ class _ProbeBase:
         self.hook_calls.append(("close", session_id))
         self.model_state.pop(session_id, None)
 
-    def generate_block(self, request: ardiff.RolloutRequest, state) -> ardiff.BlockOutput:
+    def generate_block(self, request: ardiff.RolloutRequest,
+                       state: ardiff.ARDiffusionKVState) -> ardiff.BlockOutput:
         sid = request.session_id
         self.hook_calls.append(("generate", sid))
         start = state.num_committed_frames(BRANCH)

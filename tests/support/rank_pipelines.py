@@ -1,15 +1,10 @@
-"""The tiny DiT with a fault on one rank of a parallel job, for tests/parallel/.
+"""The tiny DiT with a fault on one rank of a parallel job, for tests/launch/.
 
-`RankFaultDiT(fault=..., on_rank=r, at_block=b, ...)` is `TinyCausalDiT` (same weights,
-same frames) except that on job rank `r` (torch.distributed's rank; 0 outside a job),
-at rollout block `b`:
-
-    raise     generate_block raises RankFault
-    hang      generate_block sleeps for an hour (a stuck rank)
-
-`block_sleep_s` slows every rollout block (a long run to interrupt), and `marker` names a
-file that holds the number of rollout blocks this process made so far (written
-atomically), so a test can signal a run once it has frames. Loaded by file path
+`RankFaultDiT(fault=..., on_rank=r, at_block=b, ...)` is `TinyCausalDiT` (same weights, same
+frames) except that on job rank r (torch.distributed's; 0 outside a job), at rollout block b,
+`fault="raise"` raises RankFault and `fault="hang"` sleeps for an hour (a stuck rank).
+`block_sleep_s` slows every rollout block; `marker` names a file holding the number of
+rollout blocks this process made (written atomically). Loaded by file path
 (`/abs/rank_pipelines.py:RankFaultDiT`) in spawned ranks and under torchrun.
 """
 
@@ -18,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 
+import ardiff
 from ardiff.pipelines.tiny_dit import TinyCausalDiT
 
 
@@ -38,7 +34,8 @@ class RankFaultDiT(TinyCausalDiT):
         self.fault, self.on_rank, self.at_block = fault, on_rank, at_block
         self.block_sleep_s, self.marker, self.blocks_made = block_sleep_s, marker, 0
 
-    def generate_block(self, request, state):
+    def generate_block(self, request: ardiff.RolloutRequest,
+                       state: ardiff.ARDiffusionKVState) -> ardiff.BlockOutput:
         warmup = request.prompt == "warmup"
         if not warmup and request.block_index == self.at_block and job_rank() == self.on_rank:
             if self.fault == "raise":

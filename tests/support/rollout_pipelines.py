@@ -1,26 +1,17 @@
 """Pipelines for the rollout tests: they tell a test, even in another process, what they got.
 
-`RecordingPipeline` drives the KV state API for real (one commit block per
-forward, a cross-attention cache set on first use) and, for every rollout
-request (warmup ones are not logged), appends one JSON line to `log`:
-
-    {"session_id", "block_index", "prompt", "actions", "reset", "clear_cross_kv",
-     "start_frame", "had_cross_kv"}
-
-`start_frame` is where the cache put the block (0 again after a reset);
-`had_cross_kv` is whether the session's cross-attention K/V survived until
-this block (False after clear-cross or reset). Frame `f` of a session is
-painted grey `paint(f)`, so a test reads positions off any video format.
-
-`SlowPipeline` sleeps `sleep_s` per block and writes the number of blocks
-made so far to `marker`, so a test can interrupt a run once it has frames.
+`RecordingPipeline` drives the KV state API for real (one commit block per forward, a
+cross-attention cache set on first use) and appends one JSON line per rollout request (not
+warmup) to `log`: session_id, block_index, prompt, actions, reset, clear_cross_kv,
+start_frame (where the cache put the block) and had_cross_kv (whether the session's text K/V
+survived until it). Frame f is painted grey `paint(f)`, so any video format shows positions.
+`SlowPipeline` sleeps `sleep_s` per block and keeps the count of blocks made in `marker`.
 
 Loaded as `/abs/path/rollout_pipelines.py:RecordingPipeline` from YAML.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -45,7 +36,7 @@ def paint(frame: int) -> int:
     return frame * GREY_STEP % 256
 
 
-class RecordingPipeline:
+class RecordingPipeline(ardiff.ARDiffusionPipelineBase):
     """A real (tiny) KV-using pipeline that logs every rollout request it gets to `log`."""
 
     def __init__(self, log: str | None = None, frame_size: int = 16, warmup_blocks: int = 1,
@@ -59,21 +50,12 @@ class RecordingPipeline:
     def ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
         return self.spec
 
-    def reset_ar_diffusion_session(self, session_id: str) -> None:
-        pass
-
-    def bind_ar_diffusion_state(self, session_id: str, state) -> contextlib.AbstractContextManager[None]:
-        """The state reaches generate_block as its argument: nothing to bind."""
-        return contextlib.nullcontext()
-
-    def close_ar_diffusion_session(self, session_id: str) -> None:
-        pass
-
     def ar_diffusion_warmup_requests(self, session_id: str) -> list[ardiff.RolloutRequest]:
         return [ardiff.RolloutRequest(session_id, block_index=i, prompt="warmup")
                 for i in range(self.warmup_blocks)]
 
-    def generate_block(self, request: ardiff.RolloutRequest, state) -> ardiff.BlockOutput:
+    def generate_block(self, request: ardiff.RolloutRequest,
+                       state: ardiff.ARDiffusionKVState) -> ardiff.BlockOutput:
         had_cross_kv = state.cross_kv(BRANCH, TEXT_CACHE) is not None
         if not had_cross_kv:
             state.set_cross_kv(BRANCH, TEXT_CACHE, [self._text_kv()] * self.spec.num_layers)

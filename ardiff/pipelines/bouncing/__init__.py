@@ -1,17 +1,14 @@
 """A trained world model: coloured balls bouncing in a box and a sprite steered by actions.
 
-The default video of `ardiff rollout` (entry point `ardiff.pipelines.bouncing:BouncingWorld`,
-registered as `bouncing`). Its experiment log, numbers and known limits are in README.md
-beside this file.
+The default video of `ardiff rollout` (registered as `bouncing`); its experiment log,
+numbers and known limits are in README.md beside this file.
 
-    config.py      BouncingConfig: architecture, window, sampling (the `pipeline.args`)
-    model.py       the network (BouncingDiT), its KV-cache and block-causal-mask paths
-    checkpoint.py  weights on disk (bf16 safetensors); the shipped ones are in weights/
-    pipeline.py    BouncingWorld: the ardiff pipeline (start frames, sampler, video)
-    sim.py         the simulator that renders the start frames and makes the training data
-    locator.py     finds the balls and the sprite in frames again, by colour
-    train.py       python -m ardiff.pipelines.bouncing.train     (writes weights/)
-    evaluate.py    python -m ardiff.pipelines.bouncing.evaluate  (the README's numbers)
+    config.py  model.py  checkpoint.py   BouncingConfig, the network, its weights (weights/)
+    pipeline.py   BouncingWorld: the ardiff pipeline (start frames, sampler, video)
+    sim.py        the simulator that renders the start frames (and the training data)
+    reference.py  the same rollout written by hand, for `ardiff bench`
+    training/     what only trains and measures; train.py and evaluate.py run it
+                  (python -m ardiff.pipelines.bouncing.train | .evaluate)
 """
 
 from __future__ import annotations

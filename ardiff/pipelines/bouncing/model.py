@@ -7,11 +7,9 @@
     actions: each frame's action is `registers_per_action` register tokens, passed as
              extra_k / extra_v: attended to, never committed
 
-The same `Layer` modules run two ways: `forward_block` attends through the KV state
-(`blk.attend`, the runtime path) and `forward_frames` attends over a batch of whole
-clips with a block-causal mask (training, evaluation). Both mean the same attention:
-a frame at position p sees the sink, the clean frames in (p - window_frames, p) and itself.
-Pixels are the latent space: the model reads and predicts frames in [-1, 1].
+The same `Layer`s run through the KV state (`forward_block`, the runtime) or over whole clips
+under a block-causal mask (`forward_frames`, training) with the same attention: a frame at p
+sees the sink, the clean frames in (p - window_frames, p) and itself. Pixels are the latents.
 """
 
 from __future__ import annotations
@@ -26,9 +24,9 @@ from torch import nn
 
 from ardiff.pipelines.bouncing import sim
 from ardiff.pipelines.bouncing.config import RGB_CHANNELS, BouncingConfig
-from ardiff.pipelines.nn import (AdaLN, Modulation, Patches, Rope, RotaryEmbedding,
-                                 TimestepEmbedding, rotate)
-from ardiff.pipelines.sampling import sample
+from ardiff.pipelines.shared.nn import (AdaLN, Modulation, Patches, Rope, RotaryEmbedding,
+                                        TimestepEmbedding, rotate)
+from ardiff.pipelines.shared.sampling import sample
 
 CELL_INIT_STD = 0.02   # per-cell embedding, small beside the patch projection
 

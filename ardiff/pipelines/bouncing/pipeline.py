@@ -12,18 +12,23 @@ The network is `model.py`, its weights `checkpoint.py` (shipped in `weights/`, m
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 import ardiff
+from ardiff.contract.base import warmup_blocks
 from ardiff.pipelines.bouncing import sim
 from ardiff.pipelines.bouncing.checkpoint import load_weights
 from ardiff.pipelines.bouncing.config import RGB_CHANNELS, BouncingConfig
 from ardiff.pipelines.bouncing.model import (BouncingDiT, Conditioning, FrameInputs,
                                              pixels_to_model)
-from ardiff.pipelines.sampling import block_noise, sample, warmup_blocks
+from ardiff.pipelines.shared.sampling import block_noise, sample
+
+if TYPE_CHECKING:  # pragma: no cover - typing only: the loop imports this module
+    from ardiff.pipelines.bouncing.reference import ReferenceLoop
 
 BRANCH = "main"
 FRAMES_PER_BLOCK = 1   # an action takes effect in the very next frame
@@ -38,7 +43,7 @@ def to_video(x: torch.Tensor, upscale: int) -> torch.Tensor:
     return rgb.contiguous()
 
 
-class BouncingWorld:
+class BouncingWorld(ardiff.ARDiffusionPipelineBase):
     """The pipeline: one `main` branch, one frame per block, actions as register tokens.
 
     Per-session model-owned state: the simulator world while it renders the start
@@ -85,10 +90,6 @@ class BouncingWorld:
     def reset_ar_diffusion_session(self, session_id: str) -> None:
         self._worlds.pop(session_id, None)
 
-    def bind_ar_diffusion_state(self, session_id: str, state) -> contextlib.AbstractContextManager[None]:
-        """The state reaches generate_block as its argument: nothing to bind."""
-        return contextlib.nullcontext()
-
     def close_ar_diffusion_session(self, session_id: str) -> None:
         self._worlds.pop(session_id, None)
 
@@ -109,8 +110,17 @@ class BouncingWorld:
                                      f"{', '.join(sim.ACTIONS)}")
         return sim.ACTIONS.index(names[0])
 
+    def reference_loop(self, spec: ardiff.ARDiffusionKVCacheSpec) -> ReferenceLoop:
+        """`ardiff bench`'s reference arm: a fresh hand-written loop over these weights with
+        `spec`'s window and sink (`reference.py`)."""
+        from ardiff.pipelines.bouncing.reference import ReferenceLoop  # it imports this module
+
+        window = {"window_frames": spec.window_frames, "sink_frames": spec.sink_frames}
+        return ReferenceLoop(self.model, dataclasses.replace(self.config, **window))
+
     @torch.inference_mode()
-    def generate_block(self, request: ardiff.RolloutRequest, state) -> ardiff.BlockOutput:
+    def generate_block(self, request: ardiff.RolloutRequest,
+                       state: ardiff.ARDiffusionKVState) -> ardiff.BlockOutput:
         if self.model is None:
             self.load("cpu", torch.float32)
         frame, action = state.num_committed_frames(BRANCH), self.action_index(request.actions)

@@ -1,9 +1,10 @@
 """The default model's rollout written by hand: the baseline `ardiff bench` holds ardiff to.
 
 What a research repo would write for this model, over the same weights: one contiguous
-K/V ring per layer (`ardiff.pipelines.ring`), `scaled_dot_product_attention`, no runner, no
-sessions, no checks. It makes the same frames as `BouncingWorld` through ardiff (tests and
-the bench check that), so the ratio of the two times is ardiff's own overhead.
+K/V ring per layer (`ardiff.pipelines.shared.ring`), `scaled_dot_product_attention`, no
+runner, no sessions, no checks. It makes the same frames as `BouncingWorld` through ardiff
+(tests and the bench check that), so the ratio of the two times is ardiff's own overhead.
+`BouncingWorld.reference_loop(spec)` makes one.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from ardiff.pipelines.bouncing import sim
 from ardiff.pipelines.bouncing.config import RGB_CHANNELS, BouncingConfig
 from ardiff.pipelines.bouncing.model import BouncingDiT, pixels_to_model
 from ardiff.pipelines.bouncing.pipeline import CLEAN, FRAMES_PER_BLOCK, to_video
-from ardiff.pipelines.ring import RingCache
-from ardiff.pipelines.sampling import block_noise, sample
+from ardiff.pipelines.shared.ring import RingCache
+from ardiff.pipelines.shared.sampling import block_noise, sample
 
 
 class ReferenceLoop:

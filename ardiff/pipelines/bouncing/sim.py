@@ -7,12 +7,9 @@
     |#                 <-o        # |   SPRITE_STEP px per frame by the action of the frame
     |################################|   (none, left, right, up, down) and stopped by the walls
 
-Frame i of a clip is `render(step(state, action_i))`: every frame, frame 0
-included, is the result of its own action, so the action of a frame is what
-moved the sprite into it. The state is a few numpy arrays with a batch axis;
-`SimState.from_seed(seed)` gives the one world a seed names (what the pipeline
-renders as start frames), `SimState.sample(rng, n)` a batch for training.
-`locator.py` measures the objects back out of any frames, simulated or generated.
+Frame i of a clip is `render(step(state, action_i))`: every frame, frame 0 included, is moved
+by its own action. The state is numpy arrays with a batch axis: `SimState.from_seed(seed)` is
+the one world a seed names (the pipeline's start frames), `SimState.sample(rng, n)` a batch.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """Self-Forcing / CausVid / LongLive checkpoints applied over a diffusers transformer.
 
-A training checkpoint (`.pt`) holds `generator_ema` and / or `generator` (and `critic`,
-ignored): the generator's state dict in the original Wan key names, wrapped:
+A training checkpoint (`.pt`) holds `generator_ema` and / or `generator` (`critic` is
+ignored) in the original Wan key names, FSDP-wrapped:
 
     model._fsdp_wrapped_module.blocks.0._fsdp_wrapped_module.self_attn.q.weight
       -> strip "_fsdp_wrapped_module." and a leading "model."  -> blocks.0.self_attn.q.weight
       -> diffusers' convert_wan_transformer_to_diffusers       -> blocks.0.attn1.to_q.weight
 
-and is loaded strictly: a key missing or unexpected, or a shape that differs, is a
-one-line error naming it. The converter pops keys from its argument: it gets a copy.
+Loaded strictly: a missing or unexpected key or a differing shape is a one-line error.
 """
 
 from __future__ import annotations

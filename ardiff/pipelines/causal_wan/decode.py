@@ -1,19 +1,14 @@
 """Streaming VAE decode: each session's latent frames decoded as they come, one at a time.
 
-Wan's VAE decoder is causal in time: every causal conv keeps the last `CACHE_T` (2)
-frames of its input in a *feature cache*. diffusers' `AutoencoderKLWan.decode` walks a
-video one latent frame at a time through such a cache; here each session keeps its own
-cache across blocks, so decoding block by block gives exactly the frames of one decode
-of the whole video. The first latent frame of a session gives 1 video frame, every later
-one `temporal_factor` (4): a first block of 3 latent frames gives 9 frames, later ones 12.
+Wan's VAE decoder is causal in time: each causal conv keeps the last `CACHE_T` (2) frames of
+its input in a feature cache. Each session keeps its own cache across blocks, so decoding
+block by block gives exactly the frames of one decode of the whole video: 1 video frame from
+a session's first latent frame, `temporal_factor` (4) from every later one.
 
-Per session the cache holds, once warm, 2 frames of every causal conv's input:
+    per session:  conv_in (z_dim, 1x) | mid block: 4 convs (dims[0], 1x) | up block i at 2^i x:
+                  resnet convs + a 3D upsample's time conv | conv_out (dims[-1], full size)
 
-    conv_in (z_dim, 1x) | mid block: 4 convs (dims[0], 1x) | up block i at 2^i x:
-    resnet convs + the time conv of a 3D upsample | conv_out (dims[-1], full size)
-
-`decode_cache_bytes` sums that from the config (1.76 GiB per session at 832x480 in
-bfloat16 for Wan2.1's VAE); it is the pipeline's model-owned state per session.
+`decode_cache_bytes` sums that from the config: the pipeline's model-owned state per session.
 """
 
 from __future__ import annotations

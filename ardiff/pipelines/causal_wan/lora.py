@@ -1,15 +1,13 @@
 """LongLive's LoRA, merged into the transformer's Linear weights at load time.
 
-LongLive trains a LoRA (rank = alpha = 256) on every Linear inside the generator's
-attention blocks (self_attn.q/k/v/o, cross_attn.q/k/v/o, ffn.0, ffn.2) with peft, and
-saves `get_peft_model_state_dict` under `generator_lora`:
+LongLive trains a LoRA (rank = alpha = 256, peft) on every Linear of the generator's
+attention blocks and saves it under `generator_lora`:
 
     base_model.model.blocks.0.self_attn.q.lora_A.weight   [rank, in]
     base_model.model.blocks.0.self_attn.q.lora_B.weight   [out, rank]
 
-Merged, `W <- W + (alpha / rank) * B @ A` (computed in float32, stored in W's dtype):
-the same Linear as peft's `W x + (alpha / rank) * B (A x)` at run time, with no cost
-per forward.
+Merged, `W <- W + (alpha / rank) * B @ A` (float32, stored in W's dtype): the same Linear
+as peft's run-time `W x + (alpha / rank) * B (A x)`, with no cost per forward.
 """
 
 from __future__ import annotations

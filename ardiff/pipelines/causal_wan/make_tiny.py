@@ -4,16 +4,11 @@
     python -m ardiff.pipelines.causal_wan.make_tiny --out DIR --configs-only --shape wan2.1-1.3b
     python -m ardiff.pipelines.causal_wan.make_tiny --out DIR --shape wan2.1-1.3b --num-layers 4
 
-A command, not library API: it reads argv, prints what it wrote and writes files. The
-folder has the diffusers layout `CausalWan` loads (transformer/, vae/, text_encoder/,
-tokenizer/) plus, next to it, `self_forcing.pt` (a training checkpoint in Self-Forcing's
-format: `generator_ema`, `generator`, `critic`; original Wan key names under FSDP
-wrappers) and `lora.pt` (a LongLive-format LoRA). Everything is seeded: the same seed
-writes the same tensors. The tokenizer is built in code from a small vocabulary (no
-download). `--configs-only` writes the two config.json files the KV spec is read from
-(`inspect-spec` of the real model needs nothing else); `--shape wan2.1-1.3b` gives the
-transformer Wan2.1-T2V-1.3B's shape (random weights, bfloat16 on disk) with the tiny VAE
-and a one-layer text encoder of the matching width.
+The diffusers layout `CausalWan` loads (transformer/, vae/, text_encoder/, tokenizer/ built in
+code), `self_forcing.pt` (Self-Forcing's checkpoint format, FSDP-wrapped Wan key names) and
+`lora.pt` (LongLive's), all seeded. `--configs-only`: only the two config.json files the spec
+reads; `--shape wan2.1-1.3b`: Wan2.1-T2V-1.3B's transformer shape (bfloat16 on disk) with the
+tiny VAE. A command, not library API: it reads argv, prints and writes files.
 """
 
 from __future__ import annotations

@@ -11,10 +11,8 @@ One AR block (`frames_per_block` latent frames) of one session:
     transformer(x0, t = 0), commit=True         the clean block's K/V become history
     frames = streaming VAE decode of x0         (1 + 4 (F - 1) frames first, then 4 F)
 
-The transformer is diffusers' `WanTransformer3DModel`; its attention goes through
-ardiff's KV state (processors.py), positions are absolute frames (RoPE from
-`blk.start_frame`), and the prompt's K/V live in the session's "text" cross-attention
-cache. `noise` is a public hook: a subclass may draw its noise any way it likes.
+Attention goes through ardiff's KV state (processors.py) at absolute frame positions; the
+prompt's K/V are the session's "text" cache. `noise` is a public hook a subclass may change.
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ import numpy as np
 import torch
 
 import ardiff
+from ardiff.contract.base import warmup_requests
 from ardiff.errors import ConfigError, KVStateError
 from ardiff.pipelines.causal_wan.config import build_config
 from ardiff.pipelines.causal_wan.decode import StreamingDecoder
@@ -35,11 +34,9 @@ from ardiff.pipelines.causal_wan.schedule import clean_from_flow, renoise
 from ardiff.pipelines.causal_wan.spec import TEXT_CACHE, build_spec
 from ardiff.pipelines.causal_wan.text import PromptEncoder
 from ardiff.pipelines.causal_wan.transformer import BlockTransformer
-from ardiff.pipelines.sampling import warmup_requests
 
 
-
-class CausalWan:
+class CausalWan(ardiff.ARDiffusionPipelineBase):
     """A causal Wan2.1 text-to-video pipeline (implements the ardiff pipeline protocol).
 
     Construction reads `model_dir`'s transformer/ and vae/ config.json only; `load`
@@ -74,7 +71,8 @@ class CausalWan:
         self.decoder = StreamingDecoder(load_vae(c, self.device))
 
     @contextlib.contextmanager
-    def bind_ar_diffusion_state(self, session_id: str, state) -> Iterator[None]:
+    def bind_ar_diffusion_state(self, session_id: str,
+                                state: ardiff.ARDiffusionKVState) -> Iterator[None]:
         """Marks the session whose forward may run; the KV block itself is bound per
         forward, for the processors (`AttentionBinding`)."""
         self._bound_session = session_id
@@ -94,7 +92,8 @@ class CausalWan:
         return warmup_requests(self.ar_diffusion_kv_cache_spec(), session_id, self.config.cfg)
 
     @torch.inference_mode()
-    def generate_block(self, request: ardiff.RolloutRequest, state) -> ardiff.BlockOutput:
+    def generate_block(self, request: ardiff.RolloutRequest,
+                       state: ardiff.ARDiffusionKVState) -> ardiff.BlockOutput:
         self._check_ready(request)
         branches = self._branches(request)
         cross = {b: self._text_kv(state, request, b) for b in branches}

@@ -6,10 +6,8 @@
 | causvid      | 1000 757 522                   | 8     | 21 / 0                 | generator       |
 | longlive     | 1000 750 500 250 (warped)      | 5     | 9 / 3                  | generator + LoRA|
 
-Self-Forcing / LongLive name their window `local_attn_size L` (frames in the KV cache,
-sink included; -1 means Self-Forcing's 21-frame cache) and `sink_size S`. A block sees S
-sink frames plus the most recent L - S frames counting itself, so in ardiff's words
-`window_frames = L - S`, `sink_frames = S` (LongLive's 12 / 3 -> window 9, sink 3).
+Their `local_attn_size L` counts the sink (-1: Self-Forcing's 21 frames) and `sink_size S`
+is the sink: in ardiff's words `window_frames = L - S`, `sink_frames = S` (LongLive 12 / 3).
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """Attention processors that route diffusers' `WanAttention` through ardiff's KV state.
 
-`WanTransformerBlock` calls its attention modules with positional arguments only, and a
-module hands them to its processor: so the KV block and the text K/V cannot travel as
-call arguments. Each layer gets its own pair of processors holding its layer index and
-one shared `AttentionBinding`, which the pipeline fills for the length of one forward:
+`WanTransformerBlock` calls its attention with positional arguments only, so the KV block
+and the text K/V travel in an `AttentionBinding` the pipeline fills for one forward, shared
+by every layer's pair of processors (each holding its layer index):
 
     self-attention   q, k, v projections -> qk RMS-norm -> RoPE -> blk.attend(layer, q, k, v)
     cross-attention  q projection -> qk RMS-norm on q -> attend to the cached text (k, v)
 
-A processor called with nothing bound raises: it never falls back to attending to its
-own input (a cross-attention that silently self-attends would still produce a video).
+A processor called with nothing bound raises: it never falls back to its own input.
 """
 
 from __future__ import annotations

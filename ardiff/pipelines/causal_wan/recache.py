@@ -1,23 +1,16 @@
 """LongLive's prompt switch with KV recache: the kept frames' K/V re-encoded under the new prompt.
 
-A frame's K/V depend on the prompt it was made under (cross-attention feeds every layer), so
-after a switch the history still speaks the old prompt. LongLive re-runs the clean latents
-of the frames its cache holds through the model at t = 0 under the new prompt, block-causally,
-and generates on from there. Here, per branch, before the switching block is generated:
+A frame's K/V depend on its prompt (cross-attention feeds every layer), so before the block
+that switches prompts, per branch, the clean latents of every kept frame (the sink's too)
+run again at t = 0 under the new prompt, chronologically and block-causally:
 
     kept frames (sink 3, window 9, blocks of 3, 15 committed):   0 1 2 | 9 .. 14
-    recache runs, chronological, <= frames_per_block each:      [0 1 2] [9 10 11] [12 13 14]
+    recache runs, <= frames_per_block each:                     [0 1 2] [9 10 11] [12 13 14]
     each run: with state.recache(branch, start, n) as blk:  flow(latents, t = 0, blk, new text)
-              it sees the kept frames before it (already re-encoded) and itself
 
-Every kept frame is re-encoded, the sink's too: the next block then attends only to K/V made
-under the new prompt, exactly what recomputing the kept frames from scratch under it gives
-(LongLive's long-tuning runs this way, `global_sink: false`). Evicted frames cannot be
-re-encoded, so a recent frame now sees the sink and the kept frames before it, not the
-frames it saw when it was first made.
-
-The clean latents are model-owned state: `KeptLatents` holds those of the kept frames only
-(float32, `kept_latents_bytes` per session, counted in the spec).
+The next block then sees only K/V made under the new prompt (LongLive's `global_sink: false`);
+evicted frames cannot be re-encoded. `KeptLatents` holds the kept frames' clean latents:
+model-owned state, float32, `kept_latents_bytes` per session (counted in the spec).
 """
 
 from __future__ import annotations

@@ -1,17 +1,14 @@
 """The flow-matching noise table of the causal-Wan family, and the steps of a block.
 
-Self-Forcing's `FlowMatchScheduler(shift, sigma_min=0, extra_one_step=True)` set to 1000
-training steps, in float32 as there:
+Self-Forcing's `FlowMatchScheduler(shift, sigma_min=0, extra_one_step=True)`, 1000 steps, float32:
 
     s[i]     = linspace(1, 0, 1001)[i]              i = 0 .. 999  (the trailing 0 dropped)
     sigma[i] = shift * s[i] / (1 + (shift - 1) * s[i])
     t[i]     = 1000 * sigma[i]
 
-A denoising step at timestep t uses the sigma of the nearest table entry. A *warped*
-step list (Self-Forcing, LongLive) names steps on the unshifted 1000..0 scale: step k
-becomes `cat(t, [0])[1000 - k]`, so 1000, 750, 500, 250 -> 1000, 937.5, 833.33, 625 at
-shift 5. The model predicts the flow v; the clean block is `x0 = x - sigma(t) * v`
-(float64, as Self-Forcing), and the next step starts from `(1 - sigma') x0 + sigma' noise`.
+A step at t uses the nearest entry's sigma. A *warped* step k (Self-Forcing, LongLive) is
+`cat(t, [0])[1000 - k]` (1000 750 500 250 -> 1000 937.5 833.33 625 at shift 5). The model
+predicts the flow v: `x0 = x - sigma(t) v` (float64), then `x = (1 - sigma') x0 + sigma' noise`.
 """
 
 from __future__ import annotations

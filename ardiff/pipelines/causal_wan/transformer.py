@@ -1,17 +1,15 @@
 """diffusers' `WanTransformer3DModel`, run one AR block at a time through the KV state.
 
-The stock forward embeds positions from frame 0 and re-embeds the prompt every call; a
-block-causal rollout needs neither. `BlockTransformer.flow` therefore walks the model's
-own submodules in the stock order (patch embedding, timestep embedding, the
-`WanTransformerBlock`s, output norm, projection, unpatchify) with two changes:
+`BlockTransformer.flow` walks the model's own submodules in the stock order (patch and
+timestep embedding, the `WanTransformerBlock`s, output norm, projection, unpatchify) with
+two changes a block-causal rollout needs:
 
-    RoPE   the time rows of the model's rotary tables start at `start_frame` (the
-           block's absolute position); height / width rows start at 0
-    text   cross-attention reads K/V made once per prompt (`text_kv`), which the
-           pipeline keeps in the session's "text" cross-attention cache
+    RoPE   the time rows of the rotary tables start at the block's `start_frame`;
+           height / width rows start at 0
+    text   cross-attention reads K/V made once per prompt (`text_kv`), kept in the
+           session's "text" cross-attention cache
 
-One timestep for the whole block (every token of a block shares it), so the timestep
-embedding is one row, as the stock model's per-token path would repeat it.
+One timestep for the whole block, so the timestep embedding is one row.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ PROMPT = "a cat walks on the beach"
 
 
 def visible_frames(block: int, frames_per_block: int, window: int, sink: int) -> list[int]:
-    """DESIGN §3 in its own words: the first `sink` frames, the most recent window - B
+    """docs/design.md#3-what-a-block-sees in its own words: the first `sink` frames, the most recent window - B
     committed non-sink frames, and the block itself."""
     start = block * frames_per_block
     past = max(0, window - frames_per_block)

@@ -1,6 +1,6 @@
 """A K/V window kept the way research repos keep it: one contiguous ring per layer, no pages.
 
-The hand-written reference loops (`bouncing/reference.py`, `tiny_dit_reference.py`) attend
+The hand-written reference loops (`bouncing/reference.py`, `tiny_dit/reference.py`) attend
 through it; `ardiff bench` times them against ardiff. A ring keeps the sink frames and the
 `recent` = window_frames - frames_per_block frames a block sees besides itself, each
 recent frame written twice, at slot s and s + recent, so the last m frames are always one

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from ardiff.pipelines.bouncing import train
+from ardiff.pipelines.bouncing.training import stages
 
 
 @pytest.fixture(autouse=True)
@@ -26,9 +26,9 @@ def test_both_stages_train_and_record_their_minutes(capsys):
     args = argparse.Namespace(seed=0, batch=4, lr=1e-3, base_steps=2, rollout_steps=2,
                               rollout_lr=1e-4)
     minutes: dict[str, float] = {}
-    model = train.train_base(args, minutes)
+    model = stages.train_base(args, minutes)
     before = [p.detach().clone() for p in model.parameters()]
-    train.train_rollout(model, args, minutes)
+    stages.train_rollout(model, args, minutes)
     assert set(minutes) == {"teacher_forcing", "self_rollout"}
     assert all(0 < m < 5 for m in minutes.values())
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -39,9 +39,9 @@ def test_both_stages_train_and_record_their_minutes(capsys):
 
 def test_self_rollout_ships_only_when_it_keeps_more_balls_at_96():
     base = {"balls_kept_30": 0.29, "balls_kept_96": 0.11}
-    assert train.is_better({"balls_kept_30": 0.29, "balls_kept_96": 0.15}, base)
-    assert not train.is_better({"balls_kept_30": 0.29, "balls_kept_96": 0.12}, base)
-    assert not train.is_better({"balls_kept_30": 0.20, "balls_kept_96": 0.30}, base)
+    assert stages.is_better({"balls_kept_30": 0.29, "balls_kept_96": 0.15}, base)
+    assert not stages.is_better({"balls_kept_30": 0.29, "balls_kept_96": 0.12}, base)
+    assert not stages.is_better({"balls_kept_30": 0.20, "balls_kept_96": 0.30}, base)
 
 
 @pytest.mark.slow  # a fresh interpreter: the module must run as `python -m`

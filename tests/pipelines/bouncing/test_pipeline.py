@@ -20,13 +20,14 @@ from ardiff.rollout.job import run_rollout
 from ardiff.kv.backend import create_cache
 from ardiff.kv.plan import make_plan
 from ardiff.engine.loader import get_spec
-from ardiff.pipelines.bouncing import BouncingWorld, locator, sim
+from ardiff.pipelines.bouncing import BouncingWorld, sim
 from ardiff.pipelines.bouncing.checkpoint import load_weights
 from ardiff.pipelines.bouncing.config import BouncingConfig
+from ardiff.pipelines.bouncing.training import locator
 from ardiff.kv.state import open_state
 from ardiff.engine.runner import Runner
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 HELD_OUT_SEEDS = range(900_000, 900_006)   # worlds never drawn in training
 CONTEXT = BouncingConfig().context_frames

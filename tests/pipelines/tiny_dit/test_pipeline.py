@@ -11,14 +11,14 @@ import ardiff
 from ardiff.config.run import load_config
 from ardiff.kv.backend import create_cache
 from ardiff.kv.plan import make_plan
-from ardiff.pipelines.decoder import LatentDecoder
+from ardiff.pipelines.tiny_dit.decoder import LatentDecoder
 from ardiff.pipelines.tiny_dit import TinyCausalDiT
 from ardiff.sizes import ceil_div
 from ardiff.engine.loader import build_pipeline, get_spec
 from ardiff.engine.build import build_runner
 from ardiff.engine.runner import Runner
 
-TINY_DIT_CONFIG = Path(__file__).parents[2] / "configs" / "tiny-dit.yaml"
+TINY_DIT_CONFIG = Path(__file__).parents[3] / "configs" / "tiny-dit.yaml"
 SMALL = dict(latent_size=8, dim=32, num_heads=4, num_kv_heads=2, frames_per_block=2,
              window_frames=4, sink_frames=1, upscale=2, num_steps=2)
 

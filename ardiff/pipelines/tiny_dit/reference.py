@@ -1,19 +1,25 @@
 """The tiny DiT's rollout written by hand: the baseline `ardiff bench` holds ardiff to.
 
 Over the pipeline's own weights, one block at a time: one contiguous K/V ring per layer
-(`ardiff.pipelines.ring`), the text's cross-attention K/V computed once, the streaming
-decoder's state kept here; no runner, no sessions, no checks. Without CFG (one branch) and
-with a sliding window; it makes the frames `TinyCausalDiT` makes through ardiff.
+(`ardiff.pipelines.shared.ring`), the text's cross-attention K/V computed once, the
+streaming decoder's state kept here; no runner, no sessions, no checks. Without CFG (one
+branch) and with a sliding window; it makes the frames `TinyCausalDiT` makes through ardiff.
+`TinyCausalDiT.reference_loop(spec)` makes one.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ardiff.contract.forward import RolloutRequest
-from ardiff.pipelines.ring import RingCache
-from ardiff.pipelines.sampling import block_noise, sample
-from ardiff.pipelines.tiny_dit import TinyCausalDiT, TinyDiTConfig
+from ardiff.pipelines.shared.ring import RingCache
+from ardiff.pipelines.shared.sampling import block_noise, sample
+from ardiff.pipelines.tiny_dit.model import TinyDiTConfig
+
+if TYPE_CHECKING:  # pragma: no cover - typing only: the pipeline imports this module
+    from ardiff.pipelines.tiny_dit.pipeline import TinyCausalDiT
 
 
 class TinyDiTLoop:

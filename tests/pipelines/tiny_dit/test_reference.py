@@ -1,4 +1,4 @@
-"""The tiny DiT's hand-written loop (tiny_dit_reference.py) makes the frames ardiff makes, bit
+"""The tiny DiT's hand-written loop (tiny_dit/reference.py) makes the frames ardiff makes, bit
 for bit, from the same weights: through the window's wrap-around, with the sink, across a
 prompt switch."""
 
@@ -13,7 +13,7 @@ from ardiff.engine.runner import Runner
 from ardiff.kv.backend import create_cache
 from ardiff.kv.plan import make_plan
 from ardiff.pipelines.tiny_dit import TinyCausalDiT
-from ardiff.pipelines.tiny_dit_reference import TinyDiTLoop
+from ardiff.pipelines.tiny_dit.reference import TinyDiTLoop
 
 BLOCKS = 6  # 18 frames: the 6-frame ring (window 9, blocks of 3) wraps around twice
 

@@ -1,5 +1,5 @@
-"""How the shipped pipelines sample a block: seeded per-block noise, the few-step
-flow-matching sampler, and how many warmup blocks exercise a window.
+"""How the shipped pipelines sample a block: seeded per-block noise and the few-step
+flow-matching sampler.
 
     noise (t = 1) --predict clean--> step --predict clean--> step ... --> clean block (t = 0)
 
@@ -14,9 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-
-import ardiff
-from ardiff.sizes import ceil_div
 
 # Noise streams are named by seed * SEED_STRIDE + start_frame: a prime above any frame
 # position a shipped pipeline reaches, so (seed, frame) pairs never share a stream.
@@ -59,23 +56,3 @@ def sample(noise: torch.Tensor, predict_clean: Callable[[torch.Tensor, float], t
     for t, t_next in zip(levels[:-1], levels[1:]):
         x = flow_step(x, predict_clean(x, t), t, t_next)
     return x
-
-
-def warmup_blocks(spec: ardiff.ARDiffusionKVCacheSpec) -> int:
-    """Blocks that fill the sink and the window, plus one that evicts: after them every
-    code path of a block (empty, partial and full window, eviction) has run once."""
-    return ceil_div(spec.sink_frames + spec.window_frames, spec.frames_per_block) + 1
-
-
-# Any scale > 1: warmup runs both CFG branches of a pipeline that declares them.
-WARMUP_GUIDANCE = 3.0
-
-
-def warmup_requests(spec: ardiff.ARDiffusionKVCacheSpec, session_id: str,
-                    guided: bool = False) -> list[ardiff.RolloutRequest]:
-    """`warmup_blocks(spec)` requests for `session_id`, the first resetting it; `guided` runs
-    them with guidance, so both CFG branches are exercised."""
-    guidance = WARMUP_GUIDANCE if guided else 1.0
-    return [ardiff.RolloutRequest(session_id, block_index=i, prompt="warmup", seed=0,
-                                  guidance_scale=guidance, reset=i == 0)
-            for i in range(warmup_blocks(spec))]

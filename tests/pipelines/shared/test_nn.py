@@ -1,4 +1,4 @@
-"""The model parts the shipped pipelines share (ardiff/pipelines/nn.py), on hand-computed cases:
+"""The model parts the shipped pipelines share (ardiff/pipelines/shared/nn.py), on hand-computed cases:
 adaLN's named layout, patch order, rotation, timestep embedding."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from ardiff.pipelines.nn import (AdaLN, Modulation, Patches, Rope, RotaryEmbedding,
-                                 TimestepEmbedding, rotate, timestep_embedding)
+from ardiff.pipelines.shared.nn import (AdaLN, Modulation, Patches, Rope, RotaryEmbedding,
+                                        TimestepEmbedding, rotate, timestep_embedding)
 
 
 def adaln_with_bias(dim: int, num_sets: int, gated: bool = True) -> AdaLN:

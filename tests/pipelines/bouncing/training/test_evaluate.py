@@ -4,10 +4,13 @@ paged cache) on 2 episodes and 16 clips instead of 64 and 256."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
-from ardiff.pipelines.bouncing import evaluate
+from ardiff.pipelines.bouncing.training import evaluate
 
 
 @pytest.fixture(autouse=True)
@@ -37,3 +40,11 @@ def test_pipeline_args_reach_the_runtime():
     four = evaluate.evaluate(episodes_count=1, clips=4)
     assert one["next_frame_mse_sampled"] != four["next_frame_mse_sampled"]
     assert one["ball_position_error_px"] != four["ball_position_error_px"]
+
+
+@pytest.mark.slow  # a fresh interpreter: the command lives at its old module path
+def test_it_runs_as_a_module():
+    result = subprocess.run([sys.executable, "-m", "ardiff.pipelines.bouncing.evaluate", "--help"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "--num-steps" in result.stdout

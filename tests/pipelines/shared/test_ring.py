@@ -1,4 +1,4 @@
-"""The reference loops' K/V ring (ardiff/pipelines/ring.py): the sink and the last frames,
+"""The reference loops' K/V ring (ardiff/pipelines/shared/ring.py): the sink and the last frames,
 oldest first, as views of one tensor, written a frame at a time or a block at a time."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ardiff.pipelines.ring import KVRing
+from ardiff.pipelines.shared.ring import KVRing
 
 TOKENS, HEADS, HEAD_SIZE = 2, 1, 4
 

@@ -1,0 +1,7 @@
+"""What only trains and measures the bouncing world model; the runtime never imports it.
+
+    stages.py    the two training stages and shipping (`python -m ardiff.pipelines.bouncing.train`)
+    losses.py    the training objectives;  streams.py  stage 2's self-rollout streams
+    evaluate.py  held-out numbers through ardiff's runner (`python -m ...bouncing.evaluate`)
+    locator.py   finds the balls and the sprite in frames again, by colour
+"""
