@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 
 from ardiff.errors import EXIT_FAILED
+from ardiff.video.formats import output_choices
 from ardiff_cli import options, picture, signals
 from ardiff_cli.errors import handle_errors
 
@@ -29,8 +30,8 @@ def _check_json_path(json_path: Optional[str], config: Optional[Path], run_confi
 
 def rollout_command(
     config: options.OptionalPath = options.OptionalConfigArg,
-    output: str = typer.Option(None, "--output", "-o", help="Output video: .mp4 .mkv .webm "
-                               ".gif .webp .npy or a directory (PNG frames)."),
+    output: str = typer.Option(None, "--output", "-o",
+                               help=f"Output video: {output_choices()}."),
     frames: int = typer.Option(None, "--frames", help="Video frames to write (per prompt)."),
     seed: int = typer.Option(None, "--seed", help="Noise seed."),
     prompt: str = typer.Option(None, "--prompt", help="The prompt."),

@@ -1,19 +1,14 @@
 """What encoding the video costs beside the model: the encoder's CPU over the model thread's.
 
 One session writes its frames to the config's output format (settings as `ardiff rollout`
-uses them) in a temporary folder: at least ENCODE_MIN_BLOCKS blocks and at least the config's
-rollout (`rollout.frames`, up to ENCODE_MAX_FRAMES), so the file is as long as a user's run
-makes it: opening and finishing a file (~2 ms of CPU) and its first, cold frames are spread
-over as many frames as a run spreads them. The default's 96 frames measured as 32-frame files
-counted ~0.1 ms a frame more than its run pays (0.75 against 0.63 ms, same session).
-
-The model thread's CPU time is its own (`time.thread_time`); everything else the process
-spends meanwhile (the writer's thread, the codec's own threads) is the encoder's:
+uses them; a format the table does not mark `benched` is measured as DEFAULT_SUFFIX) in a
+temporary folder, as long as a user's run makes it (at least ENCODE_MIN_BLOCKS blocks and
+the config's `rollout.frames`, up to ENCODE_MAX_FRAMES), so opening and finishing the file
+and its first, cold frames are spread over as many frames as a run spreads them. The model
+thread's CPU time is its own (`time.thread_time`); the rest of the process's (the writer's
+and the codec's threads) is the encoder's; with one torch thread, load does not move it:
 
     encode share = (process CPU - model thread CPU) / model thread CPU
-
-With one torch thread nothing else runs, so the share is not moved by machine load the
-way a with/without wall-time difference is.
 """
 
 from __future__ import annotations
@@ -25,12 +20,17 @@ from pathlib import Path
 
 from ardiff.bench.arms import RunnerArm
 from ardiff.bench.spread import Spread
+from ardiff.video.formats import FORMATS
 from ardiff.video.writer import VideoWriter, output_kind
 
 ENCODE_MIN_BLOCKS = 32  # a short rollout still measures the steady state, not the file
 ENCODE_MAX_FRAMES = 480  # 30 s at 16 fps: past it the per-file cost no longer shows
-ENCODED = (".mp4", ".mkv", ".webm", ".gif", ".webp")
-DEFAULT_SUFFIX = ".mp4"  # a PNG folder or .npy output is measured as the default mp4
+DEFAULT_SUFFIX = ".mp4"  # what an output the bench does not measure is measured as
+
+
+def encoded_suffixes() -> tuple[str, ...]:
+    """The output formats the bench measures as themselves (formats.FORMATS' `benched`)."""
+    return tuple(suffix for suffix, output in FORMATS.items() if output.benched)
 
 
 @dataclass
@@ -52,10 +52,11 @@ def measure_encode(arm: RunnerArm, blocks: int, tag: str) -> EncodeRun:
     out, rollout_frames = arm.config.output, min(arm.config.rollout.frames, ENCODE_MAX_FRAMES)
     blocks = max(blocks, ENCODE_MIN_BLOCKS)
     kind = output_kind(str(out.path))
+    measured = kind in encoded_suffixes()
     settings = ({"codec": out.codec, "crf": out.crf, "preset": out.preset}
-                if kind in ENCODED else {})  # else the default mp4, with its defaults
+                if measured else {})  # else the default mp4, with its defaults
     settings["scale"] = out.scale  # the video's size, whatever the format
-    suffix = kind if kind in ENCODED else DEFAULT_SUFFIX
+    suffix = kind if measured else DEFAULT_SUFFIX
     with tempfile.TemporaryDirectory() as tmp:
         arm.open(f"encode-{tag}")
         with VideoWriter(Path(tmp) / f"bench{suffix}", out.fps, **settings) as writer:

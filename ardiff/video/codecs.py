@@ -1,51 +1,43 @@
-"""Which codec each output format uses, and the quality knobs a codec has: the checks an
-output's `codec`, `crf`, `preset` and `scale` pass before anything is encoded."""
+"""The checks an output's `codec`, `crf`, `preset` and `scale` pass before anything is encoded,
+against the format table (formats.py):
+
+    codec = resolve_codec(".mkv", "h264")          # formats.X264, or OutputPathError
+    EncoderSettings(".mkv", codec, crf=18)         # or ConfigError (output.crf, ...)
+
+`resolve_codec` also asks PyAV's FFmpeg whether it can encode a PyAV codec, so a missing
+encoder is reported before any compute rather than at the first frame.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import av
 
-from ardiff.limits import MAX_SCALE
 from ardiff.errors import ConfigError, OutputPathError
-
-DIRECTORY = "/"  # the format key of a PNG-per-frame folder
-# Allowed codecs per format; the first is the default.
-FORMAT_CODECS: dict[str, tuple[str, ...]] = {
-    ".mp4": ("libx264",),
-    ".mkv": ("ffv1", "libx264"),
-    ".webm": ("libvpx-vp9",),
-    ".gif": ("gif",),
-    ".webp": ("libwebp",),
-    ".npy": ("npy",),
-    DIRECTORY: ("png",),
-}
-CODEC_ALIASES = {"h264": "libx264", "x264": "libx264", "vp9": "libvpx-vp9", "webp": "libwebp"}
-AV_PIX_FMTS = {"libx264": "yuv420p", "ffv1": "bgr0", "libvpx-vp9": "yuv420p", "libwebp": "yuv420p"}
-CRF_RANGES = {"libx264": range(0, 52), "libvpx-vp9": range(0, 64)}
-DEFAULT_CRF = {"libx264": 23, "libvpx-vp9": 32}
-X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow",
-                "slower", "veryslow", "placebo")
+from ardiff.limits import MAX_SCALE
+from ardiff.video.formats import DIRECTORY, FORMATS, Codec, OutputFormat, all_codecs
 
 
-def resolve_codec(kind: str, codec: str | None) -> str:
+def resolve_codec(kind: str, codec: str | None) -> Codec:
     """The codec a format uses: `codec` (or its alias) if the format allows it, else the default.
 
-    `kind` is a key of FORMAT_CODECS. Raises OutputPathError (`output.codec`) when the
-    codec is not one of the format's, or when PyAV's FFmpeg build cannot encode it.
+    `kind` is a key of FORMATS. Raises OutputPathError (`output.codec`) when the codec is
+    not one of the format's, or when PyAV's FFmpeg build cannot encode it.
     """
-    allowed = FORMAT_CODECS[kind]
-    name = allowed[0] if codec is None else CODEC_ALIASES.get(codec, codec)
+    allowed = FORMATS[kind].codecs
+    found = FORMATS[kind].codec(codec)
     where = "a PNG folder" if kind == DIRECTORY else f"{kind} files"
-    if name not in allowed:
+    if found is None:
         raise OutputPathError(f"output.codec: {codec!r} is not a codec for {where}; "
-                              f"use one of {', '.join(allowed)} (or leave it unset)")
-    if name in AV_PIX_FMTS and not is_codec_available(name):
-        raise OutputPathError(f"output.codec: {name!r} (for {where}) is not available in this "
-                              f"PyAV/FFmpeg build (av {av.__version__}); install a PyAV wheel "
-                              f"that includes it, or pick another format")
-    return name
+                              f"use one of {', '.join(c.name for c in allowed)} (or leave it "
+                              f"unset)")
+    if found.pix_fmt is not None and not is_codec_available(found.name):
+        raise OutputPathError(f"output.codec: {found.name!r} (for {where}) is not available in "
+                              f"this PyAV/FFmpeg build (av {av.__version__}); install a PyAV "
+                              f"wheel that includes it, or pick another format")
+    return found
 
 
 def is_codec_available(name: str) -> bool:
@@ -59,34 +51,54 @@ def is_codec_available(name: str) -> bool:
 
 @dataclass(frozen=True)
 class EncoderSettings:
-    """What to encode with: the resolved codec and its quality knobs (None where unused).
+    """What to encode with: the format, its resolved codec and the quality knobs (None where
+    unused).
 
-    Raises ConfigError (`output.crf`, `output.preset`) for a value out of range or a knob
-    the codec does not have.
+    Raises ConfigError (`output.crf`, `output.preset`, `output.scale`) for a value out of
+    range or a knob the codec does not have.
     """
 
     kind: str
-    codec: str
+    codec: Codec
     crf: int | None = None
     preset: str | None = None
     scale: int = 1
+
+    @property
+    def format(self) -> OutputFormat:
+        return FORMATS[self.kind]
 
     def __post_init__(self) -> None:
         if (isinstance(self.scale, bool) or not isinstance(self.scale, int)
                 or not 1 <= self.scale <= MAX_SCALE):
             raise ConfigError(f"output.scale: {self.scale!r} must be an integer from 1 to "
                               f"{MAX_SCALE} (1 keeps the frames' size); try 1")
-        crf_range = CRF_RANGES.get(self.codec)
-        if self.crf is not None and crf_range is None:
-            raise ConfigError(f"output.crf: {self.crf!r} is set but {self.codec} has no crf; "
-                              f"crf applies to libx264 and libvpx-vp9 only, so leave it unset")
-        if self.crf is not None and self.crf not in crf_range:
-            raise ConfigError(f"output.crf: {self.crf!r} is out of range for {self.codec} "
+        if self.crf is not None:
+            self._check_crf(self.crf)
+        if self.preset is not None:
+            self._check_preset(self.preset)
+
+    def _check_crf(self, crf: int) -> None:
+        name, crf_range = self.codec.name, self.codec.crf
+        if crf_range is None:
+            raise ConfigError(f"output.crf: {crf!r} is set but {name} has no crf; crf applies "
+                              f"to {_names(c for c in all_codecs() if c.crf)} only, so leave "
+                              f"it unset")
+        if crf not in crf_range:
+            raise ConfigError(f"output.crf: {crf!r} is out of range for {name} "
                               f"({crf_range.start}..{crf_range.stop - 1}); try "
-                              f"{DEFAULT_CRF[self.codec]}")
-        if self.preset is not None and self.codec != "libx264":
-            raise ConfigError(f"output.preset: {self.preset!r} is set but {self.codec} has no "
-                              f"preset; presets apply to libx264 only, so leave it unset")
-        if self.preset is not None and self.preset not in X264_PRESETS:
-            raise ConfigError(f"output.preset: {self.preset!r} is not an x264 preset; use one "
-                              f"of {', '.join(X264_PRESETS)}")
+                              f"{self.codec.default_crf}")
+
+    def _check_preset(self, preset: str) -> None:
+        name, presets = self.codec.name, self.codec.presets
+        if not presets:
+            raise ConfigError(f"output.preset: {preset!r} is set but {name} has no preset; "
+                              f"presets apply to {_names(c for c in all_codecs() if c.presets)} "
+                              f"only, so leave it unset")
+        if preset not in presets:
+            raise ConfigError(f"output.preset: {preset!r} is not an x264 preset; use one of "
+                              f"{', '.join(presets)}")
+
+
+def _names(codecs: Iterable[Codec]) -> str:
+    return " and ".join(codec.name for codec in codecs)

@@ -1,29 +1,17 @@
 """Where encoded bytes meet the disk: work files, the space reserve, publishing.
 
-A writer never encodes into its target. It encodes into a *work* path beside it,
-unique to the process and the writer, and publishes that when the run ends:
+A writer encodes into a *work* path beside its target, unique to the process and the
+writer, and publishes it when the run ends:
 
     out.mp4                                  the target: the old file until publish
     .out.mp4.<pid>-<hex>.partial.mp4         the work file (one per writer)
     .out.mp4.<pid>-<hex>.partial.mp4.reserve the space reserve (PyAV formats)
     frames/.partial-<pid>-<hex>/             a PNG folder's work folder, inside it
 
-Publishing a file is one `os.replace`: the target is the old file or a whole new
-one, never a mix, and when two runs write one target the last to finish wins.
-Publishing a PNG folder moves each finished frame in (each rename atomic), then
-removes the `frame_*.png` the run did not write, under an exclusive lock on the
-folder: once the runs have ended it holds exactly one run's frames (the last to
-publish); while one publishes a reader may see old and new frames side by side.
-
-A full disk. Finishing a container needs room: mp4 writes its index (the moov
-atom) at the end, mkv/webm their cues, and every codec flushes frames it still
-holds. So an encoder that needs room holds a `SpaceReserve`: RESERVE_BYTES
-allocated beside the work file with the first frame. The first write that meets
-a full disk (ENOSPC, EDQUOT) frees it and is retried; `OutputFile.disk_error`
-keeps the error so the encoder stops after that frame and finishes the file in
-the freed room. A reserve that cannot be made (the disk is already that full, or
-the file system cannot preallocate) is skipped; the writer then says what it
-could keep. .npy, GIF and PNG folders need no room to finish (see encoders.py).
+Publishing a file is one `os.replace` (the last run to finish wins); a PNG folder gets its
+frames moved in one by one under a lock, then loses the `frame_*.png` the run did not
+write. Finishing a container needs room (mp4's index, mkv's cues, frames the codec holds),
+so a PyAV encoder holds a `SpaceReserve` that the first write meeting a full disk frees.
 """
 
 from __future__ import annotations
@@ -168,7 +156,9 @@ def publish_file(work: Path, target: Path) -> int:
 
 
 def publish_folder(work: Path, target: Path) -> int:
-    """Move `work`'s frames into `target` (see the module docstring); returns their bytes."""
+    """Move `work`'s frames into `target`, then remove the frames this run did not write;
+    returns their bytes. Under an exclusive lock on `target`: once the runs have ended it
+    holds one run's frames (the last to publish); meanwhile a reader may see a mix."""
     frames = sorted(work.glob(FRAME_PATTERN))
     size = sum(frame.stat().st_size for frame in frames)
     names = {frame.name for frame in frames}

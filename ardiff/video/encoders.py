@@ -1,24 +1,14 @@
-"""Per-format frame encoders behind `ardiff.video.writer.VideoWriter`, and the table of formats.
-
-An encoder writes one work file (or one PNG work folder) frame by frame, holding
-at most one block of frames: nothing grows with the length of the video. Every
-byte goes through `disk.OutputFile`.
+"""The frame encoders behind `writer.VideoWriter`, one class per kind of output; formats.py
+names the class each format uses.
 
     Encoder.write(block)   opens on the first block (its size fixes the video size)
-    Encoder.close()        finishes: flush + trailer (mp4/mkv/webm/webp), GIF
-                           trailer, the .npy header's frame count; idempotent;
-                           sets `kept`, the frames the finished file holds
+    Encoder.close()        finishes the file; idempotent; sets `kept`, the frames it holds
 
-A full disk (see disk.py for the reserve): .npy, GIF and PNG folders finish in
-place, without new room: .npy is cut back to its last whole frame and its header
-rewritten where it is; a GIF ends with its trailer after every frame (the next
-frame overwrites it), so finishing rewrites one byte inside the file; a PNG is
-complete before it gets its name. PyAV formats finish in the reserve's room; when
-even that fails, `kept` is what a decoder can still read from the work file.
-
-Encoders run on the writer's background thread and are not thread-safe. They
-raise what their library raises (OSError, av.FFmpegError, ...); the writer
-turns that into an `EncoderError`.
+An encoder writes one work file (or PNG work folder) through `disk.OutputFile`, holding at
+most one block of frames. On a full disk .npy, GIF and PNG folders finish in place without
+new room; PyAV formats finish in the space reserve's room (disk.py), else `kept` is what a
+decoder can still read. Encoders run on the writer's thread, are not thread-safe, and raise
+what their library raises (the writer turns it into an `EncoderError`).
 """
 
 from __future__ import annotations
@@ -35,23 +25,9 @@ from av.video.reformatter import VideoReformatter
 from PIL import GifImagePlugin, Image
 
 from ardiff.video import disk
-from ardiff.video.codecs import AV_PIX_FMTS, DEFAULT_CRF, DIRECTORY, EncoderSettings
+from ardiff.video.codecs import EncoderSettings
 from ardiff.video.pixels import pad_to_even, upscale, yuv420_upscaled
 
-_AV_FORMATS = {".mp4": "mp4", ".mkv": "matroska", ".webm": "webm", ".webp": "webp"}
-_EVEN_SIZE_CODECS = {"libx264"}  # x264 cannot encode 4:2:0 at odd width or height
-# Codecs whose frames are upscaled after the colour conversion (see PyAVEncoder): 4:2:0 at
-# an even scale, where every 2x2 chroma sample lies inside one upscaled pixel.
-_YUV_UPSCALE_CODECS = {"libx264", "libvpx-vp9"}
-# ultrafast on one thread: 0.4 ms of CPU per 256x256 frame against 1.5 ms for veryfast on
-# auto threads (3% of the default model's CPU instead of 14%); files ~1.8x larger at crf 23
-# (the default video: ~100 KB instead of ~57 KB). Pick a slower preset for smaller files.
-DEFAULT_PRESET = "ultrafast"
-X264_THREADS = 1  # beside a model on few cores, more threads cost more CPU than they save
-# VP9 in constant-quality mode (bit rate 0); 'good' at cpu-used 5 encodes 480x832 at ~60 fps
-# on 2 cores with ~40% smaller files than 'realtime'.
-_VP9_SPEED = {"deadline": "good", "cpu-used": "5", "row-mt": "1"}
-WEBP_QUALITY = 80
 GIF_COLORS = 256
 PNG_COMPRESS_LEVEL = 1  # zlib level: fast; PNG stays lossless at any level
 _NPY_COUNT_DIGITS = 20  # the frame count's fixed width in the .npy header, so it can be rewritten
@@ -141,13 +117,13 @@ class Encoder:
 
 
 class PyAVEncoder(Encoder):
-    """mp4 / mkv / webm / webp through PyAV. Stream rate = `rate`, one pts tick per frame.
+    """The formats with a PyAV `container`. Stream rate = `rate`, one pts tick per frame.
 
-    libx264 (4:2:0) needs even sizes: an odd width or height is padded by one pixel
-    that repeats the last column/row, so a 15x17 video is stored as 16x18. PyAV
+    A codec with `even_size` (libx264, 4:2:0) gets an odd width or height padded by one
+    pixel that repeats the last column/row, so a 15x17 video is stored as 16x18. PyAV
     writes through an `OutputFile` with a `SpaceReserve` (see disk.py).
 
-    `settings.scale` (nearest-neighbour) for libx264 / libvpx-vp9 at an even scale: each
+    `settings.scale` (nearest-neighbour) for a `yuv_upscale` codec at an even scale: each
     frame is converted to YUV 4:4:4 at its own size, then the planes are repeated (luma
     x scale, chroma x scale/2) into the 4:2:0 frame the codec takes, so neither the RGB
     upscale nor the colour conversion runs at the video's size. Every 2x2 chroma sample
@@ -158,41 +134,40 @@ class PyAVEncoder(Encoder):
     """
 
     def write(self, block: np.ndarray) -> None:
-        scale = self.settings.scale
-        if scale > 1 and scale % 2 == 0 and self.settings.codec in _YUV_UPSCALE_CODECS:
+        scale, codec = self.settings.scale, self.settings.codec
+        if scale > 1 and scale % 2 == 0 and codec.yuv_upscale:
             self._write_frames(block, scale)
             return
         block = upscale(block, scale)
-        if self.settings.codec in _EVEN_SIZE_CODECS:
+        if codec.even_size:
             block = pad_to_even(block)
         self._write_frames(block, 1)
 
     def _open(self, height: int, width: int) -> None:
-        kind, codec = self.settings.kind, self.settings.codec
+        output, codec = self.settings.format, self.settings.codec
         self._to_yuv = VideoReformatter()  # keeps its swscale context from frame to frame
-        container_options = {"loop": "0"} if kind == ".webp" else {}  # 0: loop forever
         self._reserve = disk.SpaceReserve(disk.reserve_path(self.path))
         self._file = disk.OutputFile(self.path, self._reserve)
-        self._container = av.open(self._file, "w", format=_AV_FORMATS[kind],
-                                  options=container_options, buffer_size=PYAV_BUFFER_BYTES)
-        stream = self._container.add_stream(codec, rate=self.rate, options=self._codec_options())
-        stream.width, stream.height, stream.pix_fmt = width, height, AV_PIX_FMTS[codec]
+        self._container = av.open(self._file, "w", format=output.container,
+                                  options=dict(output.container_options),
+                                  buffer_size=PYAV_BUFFER_BYTES)
+        stream = self._container.add_stream(codec.name, rate=self.rate,
+                                            options=self._codec_options())
+        stream.width, stream.height, stream.pix_fmt = width, height, codec.pix_fmt
         stream.time_base = stream.codec_context.time_base = 1 / self.rate  # pts counts frames
-        if codec == "libvpx-vp9":
-            stream.bit_rate = 0  # with crf: constant quality
+        if codec.bit_rate is not None:
+            stream.bit_rate = codec.bit_rate
         self._stream = stream
 
     def _codec_options(self) -> dict[str, str]:
-        codec, crf = self.settings.codec, self.settings.crf
-        if codec == "libx264":
-            return {"crf": str(DEFAULT_CRF[codec] if crf is None else crf),
-                    "preset": self.settings.preset or DEFAULT_PRESET,
-                    "threads": str(X264_THREADS)}
-        if codec == "libvpx-vp9":
-            return {"crf": str(DEFAULT_CRF[codec] if crf is None else crf), "b": "0", **_VP9_SPEED}
-        if codec == "libwebp":
-            return {"quality": str(WEBP_QUALITY), "lossless": "0"}
-        return {}
+        """crf and preset (the settings', else the codec's defaults), then the codec's options."""
+        codec, crf, preset = self.settings.codec, self.settings.crf, self.settings.preset
+        knobs: dict[str, str] = {}
+        if codec.crf is not None:
+            knobs["crf"] = str(codec.default_crf if crf is None else crf)
+        if codec.presets:
+            knobs["preset"] = preset or codec.default_preset
+        return {**knobs, **dict(codec.options)}
 
     def _encode_frame(self, frame: np.ndarray) -> None:
         av_frame = av.VideoFrame.from_ndarray(frame, format="rgb24")
@@ -342,9 +317,6 @@ def npy_header(frames: int, height: int, width: int) -> bytes:
     return magic + struct.pack("<H", len(text)) + text.encode("latin1")
 
 
-_ENCODERS = {".gif": GifEncoder, ".npy": NpyEncoder, DIRECTORY: PngDirEncoder}
-
-
 def make_encoder(path: Path, rate: Fraction, settings: EncoderSettings) -> Encoder:
-    """The encoder for `settings.kind`, writing to `path` (opened at the first block)."""
-    return _ENCODERS.get(settings.kind, PyAVEncoder)(path, rate, settings)
+    """The encoder of `settings.format`, writing to `path` (opened at the first block)."""
+    return settings.format.encoder_class(path, rate, settings)

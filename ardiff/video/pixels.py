@@ -16,9 +16,8 @@ def yuv420_upscaled(frame: av.VideoFrame, scale: int) -> av.VideoFrame:
     """A yuv444p frame -> the yuv420p frame of it upscaled `scale` (even) times, nearest:
     luma repeated `scale` times each way, chroma `scale / 2` times.
 
-    Each small row is widened once and broadcast into its `times` output rows in one copy
-    (no full-size temporary): ~20 us a 32x32 frame at scale 8 against ~45 us for two
-    repeats and a copy."""
+    Each small row is widened once and broadcast into its `times` output rows in one copy,
+    with no full-size temporary (cheaper than two repeats and a copy)."""
     height, width = frame.height, frame.width
     out = av.VideoFrame(width * scale, height * scale, "yuv420p")
     for source, plane, times in zip(frame.planes, out.planes, (scale, scale // 2, scale // 2)):

@@ -1,68 +1,23 @@
-"""Streaming video output: frames are encoded as the rollout produces them.
+"""Streaming video output: frames are encoded on a background thread as the rollout makes them.
 
-The format follows the output path's suffix:
+    with VideoWriter("out.mp4", fps=16, scale=2) as writer:  # the format: the path's suffix
+        writer.write(frames)        # uint8 [F, H, W, 3]; waits while the queue is full
+    writer.info                     # VideoInfo: path, codec, frames kept, bytes
 
-    .mp4   H.264 (libx264, yuv420p; crf 23, preset ultrafast, one thread)
-    .mkv   FFV1, lossless (default) or codec='h264'
-    .webm  VP9 (libvpx-vp9, yuv420p, constant quality; crf 32)
-    .gif   256-colour palette per frame, loops forever
-    .webp  animated lossy WebP (quality 80), loops forever
-    .npy   raw uint8 [N, H, W, 3] (times `scale`), for exact checks
-    a folder (ends with '/', has no suffix or already is one): frame_000000.png, ...
-
-`VideoWriter.write` hands blocks of frames to a background encoder thread
-through a queue of at most `queue_blocks` blocks, so memory does not grow with
-the length of the video; a full queue makes `write` wait (back-pressure). The
-encoder takes blocks in batches: it waits until `min(ENCODE_BATCH_BLOCKS,
-queue_blocks)` blocks are queued (or the run ends), then encodes every queued
-block, taking each from the queue as it starts on it. Encoding a frame the
-moment it comes, between two blocks of model work, costs ~1.0 ms of CPU per
-256x256 mp4 frame (cold caches each time); 4 at a time ~0.73 ms, 8 ~0.58 ms.
-
-Every finished frame stays playable, and a target is replaced only by a whole
-file. The writer encodes into a work file beside the target, unique to the
-process and the writer (`.out.mp4.<pid>-<hex>.partial.mp4`; a PNG folder: a
-hidden `.partial-<pid>-<hex>/` inside it), and when the run ends (close,
-failure, Ctrl-C through `with`) finishes it and publishes it with one
-`os.replace` (see disk.py). So an existing file is overwritten only when the
-run ends, only by a finished file, and a run that wrote no frame leaves it
-untouched; two runs writing one target each leave a whole file and the last to
-finish wins. The work file and its reserve are removed on every exit the
-process survives: a failure, Ctrl-C, the end of the run, or an unclosed writer
-at interpreter exit. Only a killed process (SIGKILL, power loss) leaves them.
-
-A full disk mid-run stops the writer at that frame and finishes the file with
-every frame encoded before it, in every format: PyAV formats in the room of a
-space reserve freed for the purpose, .npy / GIF / PNG in place (see disk.py,
-encoders.py). `info.frames` and the error message count the frames the target
-really holds; if a file could not be finished at all they say so, and the old
-target is left as it was. Cost, measured on the 96 frames (256x256) of a
-tiny-dit rollout: the reserve is one fallocate and one unlink per file (~0.2
-ms); PyAV writing through a Python file object (256 KiB per call) leaves the
-encoder's CPU time within noise of writing directly (mp4 0.26 s, mkv 0.19 s,
--1% to +3%), against ~6 s of rollout.
-
-`close` waits for the encoder uninterruptibly: a KeyboardInterrupt arriving
-while it finishes the file is held and raised again once the file is published,
-so a second Ctrl-C cannot lose the frames of the first.
-
-`scale` (output.scale) upscales the frames nearest-neighbour on the encoder thread,
-so a pipeline can hand over model-size frames and leave the upscale off its own
-thread: H.264 (mp4, mkv) and VP9 at an even scale convert the small frame to YUV and
-repeat its planes (encoders.PyAVEncoder); every other format upscales in RGB, so the
-frames it stores are exactly the RGB-upscaled ones. Measured on the default model's
-32x32 frames at scale 8 (mp4): see README "Performance".
-
-H.264 stores 4:2:0 colour, which needs even sizes: an odd width or height is
-padded by one pixel repeating the last column/row (15x17 is stored as 16x18).
+Formats are listed in formats.FORMATS; a path ending in '/', without a suffix or naming a
+folder is a folder of PNG frames. Memory does not grow with the video: at most
+`queue_blocks` blocks wait. A target is replaced only by a whole file, when the run ends
+(one `os.replace`, see disk.py); a run that wrote no frame leaves it untouched, and the
+work files go on every exit the process survives. A full disk stops the writer at that
+frame and keeps every frame before it; `info.frames` and the message count what is kept.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import errno
+import math
 import numbers
 import os
 import queue
@@ -74,15 +29,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ardiff.video import codecs, disk, encoders
 from ardiff.errors import ConfigError, EncoderError, OutputPathError
 from ardiff.path_text import check_path_text
+from ardiff.video import codecs, disk, encoders, formats
 
-SUPPORTED_EXTENSIONS = tuple(kind for kind in codecs.FORMAT_CODECS if kind != codecs.DIRECTORY)
+SUPPORTED_EXTENSIONS = formats.file_suffixes()  # the shipped table's; checks read it live
 _RATE_MAX_DENOMINATOR = 1001  # NTSC rates (30000/1001) stay exact
 EXIT_WAIT_S = 5.0  # how long exit waits for an unclosed writer's encoder thread
 _END = None  # the queue's end marker
-ENCODE_BATCH_BLOCKS = 8  # see the module docstring; the default queue_blocks holds a batch
+# The encoder waits for this many blocks (or the run's end) and encodes them in a row:
+# a frame encoded alone between two blocks of model work runs on cold caches and costs
+# more CPU. The default queue_blocks holds a batch.
+ENCODE_BATCH_BLOCKS = 8
 
 
 def check_output_path(path: str | os.PathLike, codec: str | None = None,
@@ -100,27 +58,27 @@ def check_output_path(path: str | os.PathLike, codec: str | None = None,
     """
     check_path_text("output.path", path, file_needed=False)
     target = Path(path)
-    kind = output_kind(path)
-    if kind == codecs.DIRECTORY and target.exists() and not target.is_dir():
+    kind, suffixes = output_kind(path), ", ".join(formats.file_suffixes())
+    if kind == formats.DIRECTORY and target.exists() and not target.is_dir():
         raise OutputPathError(f"output.path: {str(path)!r} is an existing file, and a path "
                               f"without a suffix means a folder of PNG frames; add a suffix "
-                              f"({', '.join(SUPPORTED_EXTENSIONS)}) or pick another name")
-    if kind not in codecs.FORMAT_CODECS:
+                              f"({suffixes}) or pick another name")
+    if kind not in formats.FORMATS:
         raise OutputPathError(f"output.path: {str(path)!r} has an unsupported suffix {kind!r}; "
-                              f"use one of {', '.join(SUPPORTED_EXTENSIONS)}, or a folder "
+                              f"use one of {suffixes}, or a folder "
                               f"(a path ending in '/') for PNG frames")
     _check_folder(path, target.parent)
-    if kind == codecs.DIRECTORY and target.is_dir():
+    if kind == formats.DIRECTORY and target.is_dir():
         _check_folder(path, target)
     codecs.EncoderSettings(kind, codecs.resolve_codec(kind, codec), crf, preset, scale)
     return target
 
 
 def output_kind(path: str | os.PathLike) -> str:
-    """The format key of `path`: its lower-case suffix, or codecs.DIRECTORY for a PNG folder."""
+    """The format key of `path`: its lower-case suffix, or formats.DIRECTORY for a PNG folder."""
     text, target = os.fspath(path), Path(path)
     if text.endswith(("/", os.sep)) or not target.suffix or target.is_dir():
-        return codecs.DIRECTORY
+        return formats.DIRECTORY
     return target.suffix.lower()
 
 
@@ -149,9 +107,9 @@ class VideoWriter:
     """Encodes uint8 RGB frames to `path` on a background thread, block by block.
 
     Invariants: at most `queue_blocks` blocks wait in memory (plus the one being
-    encoded), encoded in batches (see the module docstring); every frame has the size of
-    the first; the video is `scale` times that size (nearest-neighbour, done on the
-    encoder thread; see the module docstring); `close` (or leaving a `with` block,
+    encoded), encoded in batches of ENCODE_BATCH_BLOCKS; every frame has the size of the
+    first; the video is `scale` times that size (nearest-neighbour on the encoder thread,
+    so a pipeline can hand over model-size frames); `close` (or leaving a `with` block,
     normally or by an exception) finalizes the file with every frame encoded so far.
     Raises OutputPathError / ConfigError for a bad path, codec, crf, preset, scale,
     fps or queue size; EncoderError from `write`/`close` once encoding has failed.
@@ -165,13 +123,13 @@ class VideoWriter:
         settings = codecs.EncoderSettings(kind, codecs.resolve_codec(kind, codec), crf, preset,
                                             scale)
         rate, maxsize = _stream_rate(fps), _queue_size(queue_blocks)
-        self.codec = settings.codec
+        self.codec = settings.codec.name
         self.frames_written = 0  # frames handed to `write`
         self._frame_size: tuple[int, int] | None = None  # (H, W) of the first block
         self._error: BaseException | None = None  # the first failure (encoder thread, publish)
         self._closed = False
         self._info: VideoInfo | None = None
-        work = disk.work_path(self.path, folder=kind == codecs.DIRECTORY)
+        work = disk.work_path(self.path, folder=kind == formats.DIRECTORY)
         self._encoder = encoders.make_encoder(work, rate, settings)  # creates nothing yet
         self._queue: queue.Queue[np.ndarray | None] = queue.Queue(maxsize)
         self._batch_blocks = min(ENCODE_BATCH_BLOCKS, maxsize)
