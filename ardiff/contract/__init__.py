@@ -1,5 +1,7 @@
 """The pipeline contract: the upstream spec and protocols (`spec`), ardiff's forward (`forward`)."""
 
+from typing import Protocol
+
 from ardiff.contract.forward import (ARDiffusionKVBlock, ARDiffusionKVState, BlockOutput,
                                      RolloutRequest, SupportsARDiffusionBlockGeneration)
 from ardiff.contract.spec import (ARDiffusionCrossAttentionKVSpec, ARDiffusionKVBranchSpec,
@@ -11,6 +13,12 @@ PIPELINE_METHODS = ("ar_diffusion_kv_cache_spec", "bind_ar_diffusion_state",
                     "reset_ar_diffusion_session", "close_ar_diffusion_session", "generate_block")
 
 
+class ARDiffusionPipeline(SupportsARDiffusionPipeline, SupportsARDiffusionBlockGeneration,
+                          Protocol):
+    """What ardiff runs: the upstream protocol and ardiff's forward (`PIPELINE_METHODS`).
+    The loader checks the methods of what a config builds; this type is what it returns."""
+
+
 def missing_pipeline_methods(obj: object) -> list[str]:
     """Names of the required methods `obj` lacks, in `PIPELINE_METHODS` order (empty: none)."""
     return [name for name in PIPELINE_METHODS if not callable(getattr(obj, name, None))]
@@ -20,5 +28,6 @@ __all__ = [
     "ARDiffusionCrossAttentionKVSpec", "ARDiffusionKVBranchSpec", "ARDiffusionKVCacheSpec",
     "SupportsARDiffusionPipeline", "SupportsARDiffusionWarmup",
     "SupportsARDiffusionBlockGeneration", "ARDiffusionKVState", "ARDiffusionKVBlock",
-    "RolloutRequest", "BlockOutput", "PIPELINE_METHODS", "missing_pipeline_methods",
+    "RolloutRequest", "BlockOutput", "ARDiffusionPipeline", "PIPELINE_METHODS",
+    "missing_pipeline_methods",
 ]

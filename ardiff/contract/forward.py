@@ -5,14 +5,14 @@
 
 `SupportsARDiffusionBlockGeneration` is the one method ardiff adds to a
 pipeline. `ARDiffusionKVState` and `ARDiffusionKVBlock` describe the state a
-pipeline is handed (DESIGN §2), as protocols so plugin code can annotate
+pipeline is handed (docs/design.md#2-the-contract), as protocols so plugin code can annotate
 without importing the runtime; ardiff's implementation is `ardiff.kv.state`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ContextManager, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ContextManager, Protocol, TypeAlias, runtime_checkable
 
 from ardiff.errors import BlockOutputError
 
@@ -21,7 +21,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only; importing torch here would 
 
     from ardiff.contract.spec import ARDiffusionKVCacheSpec
 
-CrossLayers = list  # one (k, v) pair per layer, each [num_tokens, num_kv_heads, head_size]
+# One (k, v) pair per layer, each [num_tokens, num_kv_heads, head_size].
+CrossLayers: TypeAlias = list[tuple["torch.Tensor", "torch.Tensor"]]
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class RolloutRequest:
 class BlockOutput:
     """Decoded frames of one AR block: a `uint8` tensor `[F, H, W, 3]`."""
 
-    frames: Any  # torch.Tensor [F, H, W, 3] uint8; typed loosely so importing is cheap
+    frames: torch.Tensor  # [F, H, W, 3] uint8 (checked by `check`: a pipeline may pass anything)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def check(self, where: str) -> tuple[int, int]:

@@ -1,15 +1,14 @@
 """The upstream pipeline contract: the KV-cache spec types and the pipeline protocols.
 
-These are vLLM-Omni's AR-Diffusion contract (`../shared/seed/capability.py.txt`)
-with the same class names, field names, field order, required fields,
-defaults, validation rules and properties, so a pipeline written against it
-runs under ardiff unchanged. ardiff's own additions (type checks that catch a
-wrong type early, `SpecError` messages naming the field and the value, the
-helpers at the bottom) sit beside the dataclasses and change none of them.
+    spec = ARDiffusionKVCacheSpec(num_layers=2, num_kv_heads=4, head_size=64, ...,
+                                  kv_branches=(ARDiffusionKVBranchSpec("main", 0),))
 
-A pipeline *declares* its geometry with an `ARDiffusionKVCacheSpec`; ardiff
-plans, allocates and owns the cache from it. The spec is the single source of
-shapes: every size in ardiff is derived from it or from the plan built on it.
+vLLM-Omni's AR-Diffusion contract (`docs/upstream-contract.md`): the same class and
+field names, field order, defaults, validation rules and properties, so a pipeline
+written against it runs under ardiff unchanged. ardiff adds only type checks whose
+`SpecError` names the field and value, and the helpers at the bottom. A pipeline
+declares its geometry here; ardiff plans, allocates and owns the cache from it. The
+spec is the single source of shapes.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import dataclasses
 import numbers
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Iterable, NoReturn, Protocol, TypeVar, runtime_checkable
 
 from ardiff.errors import SpecError
 
@@ -33,31 +32,33 @@ POSITIVE_FIELDS = ("num_layers", "num_kv_heads", "head_size", "tokens_per_frame"
 NON_NEGATIVE_FIELDS = ("sink_frames", "max_scratch_tokens_per_branch",
                        "model_owned_state_bytes_per_session")
 
+ItemT = TypeVar("ItemT")
 
-def _fail(field_name: str, value: Any, rule: str) -> None:
+
+def _fail(field_name: str, value: object, rule: str) -> NoReturn:
     raise SpecError(f"spec.{field_name}: {value!r} is invalid; it must be {rule}")
 
 
-def _check_name(value: Any, field_name: str) -> None:
+def _check_name(value: object, field_name: str) -> None:
     if not (isinstance(value, str) and value):
         _fail(field_name, value, "a non-empty string")
 
 
-def _as_int(value: Any, field_name: str, minimum: int) -> int:
+def _as_int(value: object, field_name: str, minimum: int) -> int:
     """Any integer type (numpy's too, as upstream accepts), stored as a Python int."""
     if not (isinstance(value, numbers.Integral) and not isinstance(value, bool)
-            and value >= minimum):
+            and int(value) >= minimum):
         _fail(field_name, value, "an integer > 0" if minimum == 1 else f"an integer >= {minimum}")
     return int(value)
 
 
-def _set_ints(obj: Any, names: Iterable[tuple[str, str]], minimum: int) -> None:
+def _set_ints(obj: object, names: Iterable[tuple[str, str]], minimum: int) -> None:
     """Check and store each (attribute, field name shown in errors) as a Python int."""
     for attribute, shown in names:
         object.__setattr__(obj, attribute, _as_int(getattr(obj, attribute), shown, minimum))
 
 
-def _as_tuple(value: Any, field_name: str, item_type: type) -> tuple:
+def _as_tuple(value: object, field_name: str, item_type: type[ItemT]) -> tuple[ItemT, ...]:
     """Lists are accepted and stored as tuples, so the spec stays hashable."""
     if not isinstance(value, (list, tuple)):
         _fail(field_name, value, f"a tuple of {item_type.__name__}")
@@ -108,7 +109,7 @@ class ARDiffusionKVCacheSpec:
     frames. `window_frames` (the recent tail, counting the block itself) and
     `sink_frames` (the kept prefix) count frames, as does `max_model_len`
     (positions). A block attends to the sink, the most recent
-    `window_frames - frames_per_block` other frames and itself (DESIGN §3).
+    `window_frames - frames_per_block` other frames and itself (docs/design.md#3-what-a-block-sees).
     `session_capacity` is the pipeline's upper bound; the plan may keep fewer.
     """
 
@@ -197,7 +198,8 @@ class SupportsARDiffusionWarmup(Protocol):
 # ---- ardiff's helpers beside the contract ------------------------------------------------------
 
 def history_frames_per_branch(spec: ARDiffusionKVCacheSpec) -> int:
-    """Frames a branch must keep: the sink plus what the window shows of the past (DESIGN §3)."""
+    """Frames a branch must keep: the sink plus what the window shows of the past
+    (docs/design.md#3-what-a-block-sees)."""
     return spec.sink_frames + max(0, spec.window_frames - spec.frames_per_block)
 
 
@@ -217,6 +219,8 @@ def spec_to_dict(spec: ARDiffusionKVCacheSpec) -> dict[str, Any]:
 def apply_overrides(spec: ARDiffusionKVCacheSpec, window_frames: int | None = None,
                     sink_frames: int | None = None) -> ARDiffusionKVCacheSpec:
     """The effective spec: runtime overrides replace the spec's values when set (0 included)."""
-    changes = {name: value for name, value in (("window_frames", window_frames),
-                                                ("sink_frames", sink_frames)) if value is not None}
-    return dataclasses.replace(spec, **changes) if changes else spec
+    if window_frames is None and sink_frames is None:
+        return spec
+    return dataclasses.replace(
+        spec, window_frames=spec.window_frames if window_frames is None else window_frames,
+        sink_frames=spec.sink_frames if sink_frames is None else sink_frames)

@@ -1,1 +1,1 @@
-"""ardiff.engine."""
+"""The engine: loader and build (config -> runner), device, runner, sessions, timing."""

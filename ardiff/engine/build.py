@@ -1,11 +1,11 @@
-"""The one build path every command uses: config -> pipeline + effective spec -> plan -> cache -> runner.
+"""The one build path of every command: config -> pipeline + spec -> plan -> cache -> runner.
 
     resolved = resolve(config)            build the pipeline (cheap, no weights), validate its
                                           spec, apply the runtime overrides
     report = inspect_spec(config)         the first half only: resolve, then a dry-run plan
     runner = build_runner(config)         resolve, load(device, dtype), measure free memory,
                                           check the budget fits in it, plan, allocate: in
-                                          that order (DESIGN §2, §4)
+                                          that order (docs/design.md#4-memory)
 
 `inspect-spec` never calls `load` and allocates nothing; `rollout`, `warmup`
 and `bench` build their runners here, so the effective spec and the plan are
@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ardiff.config.run import RunConfig
+from ardiff.contract import ARDiffusionPipeline
 from ardiff.contract.spec import (ARDiffusionKVCacheSpec, apply_overrides,
                                   history_frames_per_branch, spec_to_dict)
-from ardiff.distributed.context import bind_parallel, check_cfg_spec
+from ardiff.distributed.context import ParallelContext, bind_parallel, check_cfg_spec
 from ardiff.distributed.topology import rank_budget
 from ardiff.dtypes import DTYPE_BYTES, torch_dtype
 from ardiff.engine.device import assumed_device, free_memory_bytes, resolve_device, resolve_dtype
@@ -32,16 +33,20 @@ from ardiff.kv.plan import KVPlan, make_plan
 from ardiff.text import shorten
 from ardiff.sizes import MemoryBudget, format_bytes
 
+if TYPE_CHECKING:  # pragma: no cover - typing only: both import torch, which inspect-spec must not
+    from ardiff.engine.runner import Runner
+    from ardiff.kv.backend import KVCacheBase
+
 
 @dataclass(frozen=True)
 class ResolvedPipeline:
     """A built (not loaded) pipeline with its declared and effective specs."""
 
     config: RunConfig
-    pipeline: Any
+    pipeline: ARDiffusionPipeline
     declared: ARDiffusionKVCacheSpec
     spec: ARDiffusionKVCacheSpec  # runtime overrides applied
-    context: Any = None           # CFG-parallel: the rank's context (group None: a dry one)
+    context: ParallelContext | None = None  # CFG-parallel: the rank's (group None: a dry one)
 
     def plan(self, free_bytes: int, dtype: str, stores_registers: bool = True) -> KVPlan:
         """The plan for the effective spec under the config's budget, given the free memory
@@ -53,8 +58,8 @@ class ResolvedPipeline:
                          stores_registers=stores_registers)
 
 
-def resolve(config: RunConfig, pipeline: Any | None = None,
-            parallel: Any = None) -> ResolvedPipeline:
+def resolve(config: RunConfig, pipeline: ARDiffusionPipeline | None = None,
+            parallel: ParallelContext | None = None) -> ResolvedPipeline:
     """Build the config's pipeline (or take `pipeline`), validate its spec, apply overrides.
 
     Under `runtime.parallel.cfg: 2` the pipeline gets its CFG-parallel context first
@@ -158,7 +163,7 @@ def _free_bytes_for_dry_run(config: RunConfig) -> int:
 
 def build_runner(config: RunConfig, resolved: ResolvedPipeline | None = None,
                  load_weights: bool = True, backend: str | None = None,
-                 agree_min: Callable[[int], int] | None = None):
+                 agree_min: Callable[[int], int] | None = None) -> Runner:
     """A ready `Runner` for the config: load the pipeline, then plan and allocate its cache.
 
     `resolved` reuses a pipeline already built by `resolve`; `load_weights=False`
@@ -207,7 +212,7 @@ def check_budget_fits(budget: MemoryBudget, free_bytes: int, device: str) -> Non
             f"runtime.memory_budget to at most {free} or give a fraction of free memory like 0.8")
 
 
-def compile_layers(pipeline: Any, entry: str) -> None:
+def compile_layers(pipeline: ARDiffusionPipeline, entry: str) -> None:
     """`runtime.compile`: hand `torch.compile` to the pipeline's `compile_layers` hook, which
     compiles its layer stack (attention inside stays one `ardiff::paged_attend` op)."""
     hook = getattr(pipeline, "compile_layers", None)
@@ -228,7 +233,7 @@ def compile_layers(pipeline: Any, entry: str) -> None:
                             f"{shorten(str(exc))}") from exc
 
 
-def _load(pipeline: Any, device: str, dtype: str) -> None:
+def _load(pipeline: ARDiffusionPipeline, device: str, dtype: str) -> None:
     load = getattr(pipeline, "load", None)
     if not callable(load):
         return
@@ -241,7 +246,7 @@ def _load(pipeline: Any, device: str, dtype: str) -> None:
                             f"{type(exc).__name__}: {shorten(str(exc))}") from exc
 
 
-def _allocate(plan: KVPlan, backend: str, device: str, poison: bool):
+def _allocate(plan: KVPlan, backend: str, device: str, poison: bool) -> KVCacheBase[Any]:
     """The cache; a budget the device cannot actually provide is a capacity error (exit 3)."""
     import torch
 

@@ -1,15 +1,13 @@
-"""Find, build and check the pipeline a config names (DESIGN §2, Loading).
+"""Find, build and check the pipeline a config names (docs/design.md#2-the-contract, Loading).
 
-An entry point is one of:
+    pipeline.entry: package.module:attr     imported from the Python path
+    pipeline.entry: path/to/file.py:attr    loaded from a file, relative to the config file
+    pipeline.entry: name                    registered in the `ardiff.pipelines` entry points
 
-- `package.module:attr`               imported from the Python path;
-- `path/to/file.py:attr`              loaded from a file, relative to the config file;
-- `name`                              registered in the `ardiff.pipelines` entry-point group.
-
-The attr is a class or factory called with the config's `args` as keyword
-arguments. Construction must be cheap; the optional `load(device, dtype)` hook
-is *not* called here. Messages quote the entry, the args and what a plugin raised in
-at most `ardiff.text.MAX_SHOWN_CHARS` characters each.
+The attr is a class or factory called with the config's `args` as keyword arguments.
+Construction must be cheap; the optional `load(device, dtype)` hook is *not* called here.
+Messages quote the entry, the args and what a plugin raised in at most
+`ardiff.text.MAX_SHOWN_CHARS` characters each.
 """
 
 from __future__ import annotations
@@ -20,18 +18,18 @@ import importlib.util
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 from ardiff.config.run import PipelineConfig
 from ardiff.text import short_repr, shorten
 from ardiff.errors import PipelineLoadError, SpecError
-from ardiff.contract import missing_pipeline_methods
+from ardiff.contract import ARDiffusionPipeline, missing_pipeline_methods
 from ardiff.contract.spec import ARDiffusionKVCacheSpec
 
 ENTRY_POINT_GROUP = "ardiff.pipelines"
 
 
-def resolve_entry(entry: str, base_dir: Path) -> Any:
+def resolve_entry(entry: str, base_dir: Path) -> object:
     """The object (class or factory) an entry point names."""
     module_part, sep, attr = entry.rpartition(":")
     if not sep:
@@ -52,7 +50,7 @@ def resolve_entry(entry: str, base_dir: Path) -> Any:
                                 f"{shorten(', '.join(names[:12])) or 'nothing public'}") from None
 
 
-def _import_module(name: str) -> Any:
+def _import_module(name: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
@@ -67,7 +65,7 @@ def _import_module(name: str) -> Any:
                                 f"{type(exc).__name__}: {shorten(str(exc))}") from exc
 
 
-def _import_file(relative: str, base_dir: Path) -> Any:
+def _import_file(relative: str, base_dir: Path) -> ModuleType:
     path = (base_dir / relative).resolve()
     if not _is_file(path):
         raise PipelineLoadError(f"pipeline.entry: file {short_repr(str(path))} not found (paths "
@@ -100,7 +98,7 @@ def _is_file(path: Path) -> bool:
                                 f"path") from exc
 
 
-def _from_entry_point_group(name: str) -> Any:
+def _from_entry_point_group(name: str) -> object:
     found = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
     if not found:
         known = sorted(ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP))
@@ -114,14 +112,14 @@ def _from_entry_point_group(name: str) -> Any:
                                 f"raised {type(exc).__name__}: {shorten(str(exc))}") from exc
 
 
-def build_pipeline(config: PipelineConfig, base_dir: Path) -> Any:
+def build_pipeline(config: PipelineConfig, base_dir: Path) -> ARDiffusionPipeline:
     """Build the pipeline object and check it has every protocol method."""
     factory = resolve_entry(config.entry, base_dir)
     if not callable(factory):
         raise PipelineLoadError(f"pipeline.entry: {short_repr(config.entry)} is a "
                                 f"{type(factory).__name__}, not a class or factory")
     try:
-        pipeline = factory(**config.args)
+        pipeline: ARDiffusionPipeline = factory(**config.args)  # its methods: checked below
     except Exception as exc:
         raise PipelineLoadError(f"pipeline: constructing {short_repr(config.entry)} with args "
                                 f"{short_repr(config.args)} raised {type(exc).__name__}: "
@@ -135,7 +133,7 @@ def build_pipeline(config: PipelineConfig, base_dir: Path) -> Any:
     return pipeline
 
 
-def get_spec(pipeline: Any) -> ARDiffusionKVCacheSpec:
+def get_spec(pipeline: ARDiffusionPipeline) -> ARDiffusionKVCacheSpec:
     """Call the pipeline's spec method and check what it returns."""
     try:
         spec = pipeline.ar_diffusion_kv_cache_spec()

@@ -1,47 +1,34 @@
-"""The runner: owns the pipeline, the KV cache and the sessions (DESIGN §5).
+"""The runner: owns the pipeline, the KV cache and the sessions.
 
     runner = build_runner(config)     (ardiff.engine.build: load, measure, plan, allocate)
     runner.warmup()                   the pipeline's warmup requests on a reserved session
     runner.execute(request)           one AR block of one session -> BlockResult(output, latency)
-    runner.fail_block(sid, k, exc)    a block whose failure surfaced later (a CUDA error at a
-                                      later sync): its session is failed closed, then it raises
+    runner.fail_block(sid, k, exc)    a block whose error surfaced at a later device wait
     runner.stats()                    latencies, session counts, pages; it never prints
 
-Every forward, warmup included, runs as
-
-    with pipeline.bind_ar_diffusion_state(session_id, state):
-        output = pipeline.generate_block(request, state)
-
-and the state is closed when the bind exits. One release path serves reset,
-close, LRU eviction and failure: it releases the session's KV (pages,
-cross-attention K/V), then calls the pipeline's hook (`reset_...` for a
-reset, `close_...` otherwise), running every step even when one raises.
-
-A session starts when the runner first sees its id and lives until reset,
-close, eviction or a failed forward. Warmup never evicts: it runs on a free
-session slot under `WARMUP_SESSION_ID` and refuses to start when every slot
-holds a user's session (`ardiff rollout` and `ardiff warmup` run it first,
-before any user session exists).
-
-On CUDA `execute` returns once the block is queued: nothing waits for the device (its
-latency is two CUDA events, read when first asked: `ardiff.engine.timing`). An error the
-device raises then surfaces at whatever waits next (the rollout job waits for each
-block's frames one block later) and whoever sees it calls `fail_block`, which fails the
-block's session closed as `execute` would have. On CPU the forward has finished when
-`execute` returns and its latency is the host clock, as before.
+Every forward, warmup included, runs `generate_block(request, state)` inside
+`bind_ar_diffusion_state(session_id, state)`; the state is closed when the bind exits. One
+release path serves reset, close, LRU eviction and failure: the session's KV first, then
+the pipeline's hook, every step run even when one raises. Warmup never evicts: it runs
+under `WARMUP_SESSION_ID` on a free slot. On CUDA `execute` returns once the block is
+queued (its latency is read later: `ardiff.engine.timing`); an error the device raises
+surfaces at the next wait, and whoever sees it calls `fail_block`
+(docs/design.md#5-runner-and-sessions).
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
+from ardiff.contract import ARDiffusionPipeline
 from ardiff.contract.forward import BlockOutput, RolloutRequest
 from ardiff.engine.sessions import Release, SessionInfo, SessionMap
-from ardiff.engine.timing import Latency, seconds, start_timer, stop_timer
+from ardiff.engine.timing import EventFactory, Latency, seconds, start_timer, stop_timer
 from ardiff.errors import (ArdiffError, BlockOutputError, PipelineError, SessionError,
                            WarmupError)
 from ardiff.kv.backend import CacheStats, KVCacheBase
@@ -94,14 +81,15 @@ class RunnerStats:
 class Runner:
     """Serves `execute(request)` over one pipeline and one KV cache."""
 
-    def __init__(self, pipeline: Any, cache: KVCacheBase, device: str = "cpu") -> None:
+    def __init__(self, pipeline: ARDiffusionPipeline, cache: KVCacheBase[Any],
+                 device: str = "cpu") -> None:
         self.pipeline, self.cache, self.device = pipeline, cache, torch.device(device)
         self.plan: KVPlan = cache.plan
         self.sessions = SessionMap(cache.capacity, frozenset({WARMUP_SESSION_ID}))
         self.block_latencies_s: list[Latency] = []  # read into floats by stats()
         self.warmup_latencies_s: list[float] = []
         self._closed = False
-        self.event_factory: Any = None  # what makes CUDA timing events (None: torch.cuda.Event)
+        self.event_factory: EventFactory | None = None  # CUDA timing events (None: torch's)
 
     # -- serving ---------------------------------------------------------------
     def execute(self, request: RolloutRequest) -> BlockResult:
@@ -135,7 +123,7 @@ class Runner:
             self._release(sid, Release.CLOSED)
         return BlockResult(output, latency)
 
-    def _forward(self, request: RolloutRequest, stage: list[str]) -> Any:
+    def _forward(self, request: RolloutRequest, stage: list[str]) -> BlockOutput:
         """generate_block inside the pipeline's bind; the state is closed when the bind ends."""
         state = open_state(self.cache, request.session_id)
         raised: BaseException | None = None
@@ -157,7 +145,7 @@ class Runner:
                                 f"through") from raised
         return output
 
-    def _bind(self, session_id: str, state: KVState) -> Any:
+    def _bind(self, session_id: str, state: KVState) -> AbstractContextManager[None]:
         bind = self.pipeline.bind_ar_diffusion_state(session_id, state)
         if not (hasattr(bind, "__enter__") and hasattr(bind, "__exit__")):
             raise PipelineError(f"pipeline: bind_ar_diffusion_state returned a "
@@ -170,7 +158,7 @@ class Runner:
             self._release(self.sessions.least_recently_used(), Release.EVICTED)
         return self.sessions.touch(session_id)
 
-    def fail_block(self, session_id: str, block_index: int, exc: BaseException) -> None:
+    def fail_block(self, session_id: str, block_index: int, exc: BaseException) -> NoReturn:
         """Fail a block whose error surfaced after `execute` returned (on CUDA, at a later
         wait for the device): release its session if it is still resident (fail-closed, as
         `execute` does), then raise the error as a PipelineError naming session and block."""
@@ -178,7 +166,7 @@ class Runner:
         self._fail(session_id, block_index, exc, stage, release=session_id in self.sessions)
 
     def _fail(self, session_id: str, block_index: int, exc: BaseException,
-              stage: str, release: bool = True) -> None:
+              stage: str, release: bool = True) -> NoReturn:
         """Release the session, then raise: ardiff errors and KeyboardInterrupt (an interrupt)
         as they are; anything else, `SystemExit` from a pipeline calling `sys.exit(n)`
         included, as a PipelineError naming the session, block and stage."""
@@ -200,7 +188,7 @@ class Runner:
         raise error from exc
 
     def _check_output(self, info: SessionInfo, request: RolloutRequest,
-                      output: Any) -> tuple[int, int]:
+                      output: object) -> tuple[int, int]:
         where = f"session {info.session_id!r} block {request.block_index}: BlockOutput"
         if not isinstance(output, BlockOutput):
             raise BlockOutputError(f"{where} expected, got {type(output).__name__}")
@@ -294,7 +282,7 @@ class Runner:
         return report
 
     @staticmethod
-    def _check_warmup_request(request: Any) -> None:
+    def _check_warmup_request(request: object) -> None:
         if not isinstance(request, RolloutRequest):
             raise SessionError(f"ar_diffusion_warmup_requests yielded a "
                                f"{type(request).__name__}; yield RolloutRequest objects")

@@ -19,10 +19,13 @@ from dataclasses import dataclass
 import torch
 
 
+Runs = tuple[tuple[int, int], ...]  # (first flat token id, length) per contiguous stretch
+
+
 @dataclass(frozen=True)
 class TokenAddress:
-    index: torch.Tensor              # [tokens] flat token ids
-    runs: tuple[tuple[int, int], ...]  # (first flat token id, length), merged where adjacent
+    index: torch.Tensor  # [tokens] flat token ids
+    runs: Runs           # merged where adjacent
 
     @property
     def num_tokens(self) -> int:
@@ -36,7 +39,7 @@ class TokenAddress:
         return TokenAddress(torch.cat([self.index, other.index]), _merge(self.runs + other.runs))
 
 
-def _merge(runs: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+def _merge(runs: Runs) -> Runs:
     merged: list[tuple[int, int]] = []
     for start, length in runs:
         if merged and merged[-1][0] + merged[-1][1] == start:

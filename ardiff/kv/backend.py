@@ -4,16 +4,16 @@
     cache.open_session(id) -> SessionKV     the runner alone opens and releases sessions
     cache.release_session(id)               frees its pages, tensors and cross-attention K/V
 
-A backend subclasses `KVCacheBase` and supplies the objects that hold history
-(`new_branch`, `release_branch`: a `BranchKV` that begins `BlockKV`s) and its
-numbers (`stats`). The state API a pipeline sees (`ardiff.kv.state`) sits on
-top and is the same for every backend.
+A backend subclasses `KVCacheBase[ItsBranch]` and supplies the objects that hold history
+(`new_branch`, `release_branch`: a `BranchKV` that begins `BlockKV`s) and its numbers
+(`stats`). The state API a pipeline sees (`ardiff.kv.state`) sits on top and is the same
+for every backend.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Generic, Protocol
 
 import torch
 
@@ -23,7 +23,8 @@ from ardiff.kv import kernels
 from ardiff.kv.backends import BACKENDS, DEFAULT_BACKEND, backend_names
 from ardiff.kv.cross import CrossKVStore
 from ardiff.kv.plan import KVPlan
-from ardiff.kv.session import SessionKV
+from ardiff.kv.session import BranchT, SessionKV
+
 
 class BlockKV(Protocol):
     """A backend's view of one block in flight."""
@@ -43,8 +44,13 @@ class BlockKV(Protocol):
 class BranchKV(Protocol):
     """A backend's history of one branch of one session."""
 
-    num_committed_frames: int
-    kept_frames: list[int]  # absolute indices of the frames held now, in order
+    @property
+    def num_committed_frames(self) -> int: ...
+
+    @property
+    def kept_frames(self) -> list[int]:
+        """Absolute indices of the frames held now, in order."""
+        ...
 
     def begin(self, num_frames: int, commit: bool = True) -> BlockKV:
         """A block; `commit=False` marks a probe, which the state never commits."""
@@ -66,7 +72,7 @@ class CacheStats:
     resident_sessions: int
 
 
-class KVCacheBase:
+class KVCacheBase(Generic[BranchT]):
     """Resident sessions, the one-block-per-slot rule and cross-attention K/V over a backend."""
 
     backend_name = "base"
@@ -83,14 +89,14 @@ class KVCacheBase:
         # One attention kernel for every block of this cache (ardiff.kv.kernels).
         self.kernel_name, self.attend_fn = kernels.select(self.device, self.torch_dtype,
                                                           plan.spec.head_size)
-        self._sessions: dict[str, SessionKV] = {}
+        self._sessions: dict[str, SessionKV[BranchT]] = {}
         self._open_slots: dict[int, str] = {}
 
     # -- backend hooks -------------------------------------------------------
-    def new_branch(self, session_id: str, name: str) -> BranchKV:
+    def new_branch(self, session_id: str, name: str) -> BranchT:
         raise NotImplementedError
 
-    def release_branch(self, branch: BranchKV) -> None:
+    def release_branch(self, branch: BranchT) -> None:
         raise NotImplementedError
 
     def stats(self) -> CacheStats:
@@ -112,7 +118,7 @@ class KVCacheBase:
         session = self._sessions.get(session_id)
         return 0 if session is None else session.num_committed_frames(branch)
 
-    def open_session(self, session_id: str) -> SessionKV:
+    def open_session(self, session_id: str) -> SessionKV[BranchT]:
         """The session, created if it is new (capacity permitting)."""
         session = self._sessions.get(session_id)
         if session is None:
@@ -150,7 +156,7 @@ class KVCacheBase:
 
 
 def create_cache(plan: KVPlan, backend: str = DEFAULT_BACKEND, device: str | torch.device = "cpu",
-                 poison: bool = False) -> KVCacheBase:
+                 poison: bool = False) -> KVCacheBase[Any]:
     """The cache for `runtime.kv.backend`, a name in `ardiff.kv.backends.BACKENDS`.
 
     `poison` fills unused and freed pages with NaN (where a backend has pages) so a wrong

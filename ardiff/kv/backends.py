@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover - typing only: importing the backends imports torch
+    from ardiff.kv.backend import KVCacheBase
 
 
 @dataclass(frozen=True)
@@ -26,9 +30,10 @@ class Backend:
     is_reference: bool = False
     pages_registers_when_compiled: bool = False
 
-    def cache_class(self) -> type:
+    def cache_class(self) -> type[KVCacheBase[Any]]:
         module, _, name = self.target.partition(":")
-        return getattr(importlib.import_module(module), name)
+        cache_class: type[KVCacheBase[Any]] = getattr(importlib.import_module(module), name)
+        return cache_class
 
 
 BACKENDS: dict[str, Backend] = {

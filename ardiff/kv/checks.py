@@ -1,7 +1,10 @@
 """Checks of the tensors a pipeline passes to `blk.attend`: shape, dtype, device.
 
-`TensorChecks.accepts` is the per-attend fast path (a few comparisons, ~3 us); what it does
-not accept goes through the full checks, which raise a `KVStateError` naming what is wrong.
+    if not checks.accepts(blk, layer, q, k, v, extra_k, extra_v):   # a few comparisons
+        checks.query(layer, q); checks.kv(...); checks.extra(...)    # raise, naming the fault
+
+`accepts` passes only what the full checks pass too, so nothing goes unchecked; what it
+does not accept goes through the full checks, which raise a `KVStateError`.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import torch
 
 from ardiff.errors import KVStateError
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:  # pragma: no cover - typing only: state imports this module
+    from ardiff.contract.spec import ARDiffusionKVCacheSpec
     from ardiff.kv.state import Block
 
 
@@ -23,7 +27,8 @@ class TensorChecks:
     full checks pass too; anything else goes through the full checks, which raise with the
     message. So checking costs next to nothing and nothing goes unchecked."""
 
-    def __init__(self, spec, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, spec: ARDiffusionKVCacheSpec, dtype: torch.dtype,
+                 device: torch.device) -> None:
         self.spec, self.dtype, self.device = spec, dtype, device
         self._kv_tail = (spec.num_kv_heads, spec.head_size)
         self._num_layers, self._max_registers = spec.num_layers, spec.max_scratch_tokens_per_branch
@@ -31,11 +36,12 @@ class TensorChecks:
         self._block_shapes = {n: (n * spec.tokens_per_frame, *self._kv_tail)  # k/v shape
                               for n in range(1, spec.frames_per_block + 1)}
 
-    def accepts(self, blk: Block, layer: object, q: object, k: object, v: object,
-                extra_k: object, extra_v: object, traced: bool = False) -> bool:
-        """Whether the full checks would pass (False: maybe not; run them). `traced` (a
-        compiled layer stack) leaves out the once-per-layer rule of a commit, which the
-        block's end checks there (every layer attended)."""
+    def accepts(self, blk: Block, layer: object, q: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor, extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
+                traced: bool = False) -> bool:
+        """Whether the full checks would pass (False: maybe not; run them), for arguments of
+        any type (a pipeline may pass anything). `traced` (a compiled layer stack) leaves out
+        the once-per-layer rule of a commit, which the block's end checks there."""
         state = blk._state
         if blk.is_finished or state._closed or state._session.is_released:
             return False
@@ -51,7 +57,8 @@ class TensorChecks:
             if extra_k is None or not ok:
                 return ok and extra_v is None
             e_shape = extra_k.shape
-            return (e_shape[1:] == self._kv_tail and extra_v.shape == e_shape
+            return (e_shape[1:] == self._kv_tail and extra_v is not None
+                    and extra_v.shape == e_shape
                     and 1 <= e_shape[0] <= self._max_registers
                     and self._same(extra_k) and self._same(extra_v))
         except (AttributeError, TypeError, IndexError, KeyError):  # the full checks say why

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ardiff.errors import KVStateError
+from ardiff.contract.forward import CrossLayers
 from ardiff.contract.spec import ARDiffusionKVCacheSpec
-
-CrossLayers = list[tuple[torch.Tensor, torch.Tensor]]  # one (k, v) per layer, [L, heads, hs]
+from ardiff.errors import KVStateError
 
 
 class CrossKVStore:

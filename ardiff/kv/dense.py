@@ -13,7 +13,7 @@ import torch
 from ardiff.kv.backend import CacheStats, KVCacheBase
 
 
-class DenseKVCache(KVCacheBase):
+class DenseKVCache(KVCacheBase["DenseBranch"]):
     backend_name = "dense"
 
     def new_branch(self, session_id: str, name: str) -> DenseBranch:
@@ -36,10 +36,8 @@ class DenseBranch:
         self.spec, self.attend_fn = cache.spec, cache.attend_fn
         self.num_committed_frames = 0
         self.frames: list[int] = []
-        empty = lambda: torch.empty(0, self.spec.num_kv_heads, self.spec.head_size,  # noqa: E731
-                                    dtype=cache.torch_dtype, device=cache.device)
-        self.k = [empty() for _ in range(self.spec.num_layers)]
-        self.v = [empty() for _ in range(self.spec.num_layers)]
+        self.k = [_empty(cache) for _ in range(self.spec.num_layers)]
+        self.v = [_empty(cache) for _ in range(self.spec.num_layers)]
 
     @property
     def nbytes(self) -> int:
@@ -93,6 +91,13 @@ class DenseBranch:
         self.k = [k[:0] for k in self.k]
         self.v = [v[:0] for v in self.v]
         self.num_committed_frames = 0
+
+
+def _empty(cache: DenseKVCache) -> torch.Tensor:
+    """No frames yet: [0, num_kv_heads, head_size]."""
+    spec = cache.spec
+    return torch.empty(0, spec.num_kv_heads, spec.head_size, dtype=cache.torch_dtype,
+                       device=cache.device)
 
 
 class DenseBlock:

@@ -45,8 +45,10 @@ class Kernel:
 def _flash_attn() -> AttendFn:
     flash_attn_func = importlib.import_module("flash_attn").flash_attn_func
 
-    def attend(q, k, v, scale=None):
-        return flash_attn_func(q[None], k[None], v[None], softmax_scale=scale)[0]
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               scale: float | None = None) -> torch.Tensor:
+        out: torch.Tensor = flash_attn_func(q[None], k[None], v[None], softmax_scale=scale)[0]
+        return out
 
     return attend
 
@@ -54,8 +56,10 @@ def _flash_attn() -> AttendFn:
 def _flashinfer() -> AttendFn:
     prefill = importlib.import_module("flashinfer").single_prefill_with_kv_cache
 
-    def attend(q, k, v, scale=None):
-        return prefill(q, k, v, causal=False, sm_scale=scale)
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               scale: float | None = None) -> torch.Tensor:
+        out: torch.Tensor = prefill(q, k, v, causal=False, sm_scale=scale)
+        return out
 
     return attend
 

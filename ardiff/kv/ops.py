@@ -1,20 +1,16 @@
-"""Attention over the paged cache as a torch custom op, so a compiled layer stack keeps it
-whole: `torch.compile` sees one opaque call over tensors, not ardiff's Python.
+"""Attention over the paged cache as one torch custom op, so a compiled layer stack keeps
+it whole (`torch.compile` sees one opaque call over tensors, not ardiff's Python):
 
     ardiff::paged_attend(q, k, v, k_cache, v_cache, write_index, read_index, scale,
-                         kernel_name) -> out
-        k_cache, v_cache: [pages * page_tokens, kv_heads, head_size]   one layer's storage
-        write_index: [n]   flat token ids where k, v [n, kv_heads, hs] are stored (mutated)
-        read_index:  [m]   flat token ids attention reads: [history | block | registers]
-        kernel_name: the name of the cache's attention kernel (ardiff.kv.kernels); not
-                 `kernel`, which inductor passes to a fallback op itself
-        out: [q_tokens, q_heads, head_size]
+                         kernel_name) -> out [q_tokens, q_heads, head_size]
+        k_cache, v_cache   [pages * page_tokens, kv_heads, head_size]   one layer's storage
+        write_index [n]    flat token ids where k, v [n, kv_heads, hs] are stored (mutated)
+        read_index  [m]    flat token ids attention reads: [history | block | registers]
+        kernel_name        the cache's kernel (ardiff.kv.kernels; `kernel` is inductor's)
 
-Every shape is fixed by the block (its frames, the history it sees, its register count),
-so a window-full block has the same metadata shapes block after block: its index tensors
-can live in static buffers updated in place (what a CUDA graph needs). The eager runtime
-does not go through the op (a custom op's dispatch costs more than the copies it makes on a
-small model); `PagedBlock.attend` computes the same thing directly.
+Every shape is fixed by the block, so a window-full block's index tensors can live in
+static buffers updated in place (what a CUDA graph needs). The eager runtime computes the
+same in `PagedBlock.attend` (on a small model the op's dispatch costs more than its copies).
 """
 
 from __future__ import annotations
@@ -37,6 +33,8 @@ def paged_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: tor
 
 
 @paged_attend.register_fake
-def _paged_attend_fake(q, k, v, k_cache, v_cache, write_index, read_index, scale=None,
-                       kernel_name="sdpa"):
+def _paged_attend_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       k_cache: torch.Tensor, v_cache: torch.Tensor, write_index: torch.Tensor,
+                       read_index: torch.Tensor, scale: float | None = None,
+                       kernel_name: str = "sdpa") -> torch.Tensor:
     return torch.empty_like(q, memory_format=torch.contiguous_format)

@@ -1,23 +1,16 @@
 """The paged KV cache: plan + page pool + page storage + per-branch page tables.
 
-    storage:     [ pool pages: history of A | history of B | in flight | free ][ registers ]
-    a block:     allocate in-flight pages -> every attend reads [history | its k/v |
-                 registers] as one `torch.cat` of views of the history's stretches of
-                 storage (the dense reference's one concatenation; no gather), a commit's
-                 attend also writes the block's k/v to its in-flight pages -> commit hands
-                 them to the page table (no copy), the window evicts whole pages back to the
-                 pool; a probe writes nothing and gives them back (the next block gets the
-                 same pages, so its cached addresses and views hold).
-    registers:   never stored by the eager path (they join the concatenation as they
-                 come); `ardiff::paged_attend`, which reads only storage, stores them in a
-                 fixed set of register pages per local slot (ardiff.kv.slots).
-    a recache:   the same in-flight pages -> attend writes the kept frames'
-                 new k/v there -> the table swaps them in for those frames
-                 and their old pages go back to the pool (abort: the new ones).
+    storage:    [ pool pages: history of A | history of B | in flight | free ][ registers ]
+    a block:    allocate in-flight pages -> each attend reads [history | its k/v | registers]
+                as one `torch.cat` of views (a commit's attend also writes its k/v to the
+                in-flight pages) -> commit hands them to the page table, the window evicts
+                whole pages to the pool; a probe writes nothing and gives them back
+    a recache:  the in-flight pages take the kept frames' new k/v; the table swaps them in
 
-The storage holds exactly the plan's `total_pages`: the pool its history and in-flight
-pages, the slots its register pages. With nothing resident and no block open, every pool
-page is free.
+The pool hands freed pages back last-first, so the next block gets the same pages and
+its cached addresses and views hold. Registers are stored only by `ardiff::paged_attend`
+(compiled), in fixed register pages per local slot (`ardiff.kv.slots`). The storage holds
+exactly the plan's `total_pages`; with nothing resident every pool page is free.
 """
 
 from __future__ import annotations
@@ -35,8 +28,11 @@ from ardiff.kv.storage import PagedStorage
 from ardiff.kv.table import FramePages, PageTable
 from ardiff.kv.window import WindowPolicy
 
+# What a branch's read address is built from: (table version, recache start, block pages).
+AddressKey = tuple[int, "int | None", tuple[FramePages, ...]]
 
-class PagedKVCache(KVCacheBase):
+
+class PagedKVCache(KVCacheBase["PagedBranch"]):
     """Sessions over a fixed pool of pages sized by the plan."""
 
     backend_name = "paged"
@@ -96,7 +92,7 @@ class PagedBranch:
 
     def __init__(self, cache: PagedKVCache, table: PageTable, slot: Slot) -> None:
         self.cache, self.table, self.slot = cache, table, slot
-        self._read: tuple[tuple, BlockAddress] | None = None  # (key, address) of the last block
+        self._read: tuple[AddressKey, BlockAddress] | None = None  # of the last block
         self._visible: tuple[int, list[int]] = (-1, [])        # (table version, frames)
 
     @property
@@ -150,7 +146,7 @@ class BlockAddress:
         self.history = storage.frames_address(history)
         self.block = storage.frames_address(frames)
         self.block_views = storage.write_views(self.block)  # per layer, None: by index
-        self._history_views: dict[int, tuple[list, list] | None] = {}  # per layer
+        self._history_views: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]] | None] = {}
         self._reads: dict[int, TokenAddress] = {}  # per register count, built when asked
         self._registers: dict[int, TokenAddress] = {}
         self.max_registers = max_registers
@@ -234,6 +230,7 @@ class PagedBlock:
         keys, values = address.history_kv(layer)
         keys, values = [*keys, k], [*values, v]
         if extra_k is not None:
+            assert extra_v is not None, "TensorChecks.extra passes both or neither"
             keys.append(extra_k)
             values.append(extra_v)
         return self.cache.attend_fn(q, torch.cat(keys), torch.cat(values), scale)
@@ -245,6 +242,7 @@ class PagedBlock:
         (registers are stored with the block's k/v, every call)."""
         num_registers = 0
         if extra_k is not None:
+            assert extra_v is not None, "TensorChecks.extra passes both or neither"
             num_registers = extra_k.shape[0]
             k, v = torch.cat([k, extra_k]), torch.cat([v, extra_v])
         if self.op_indices is None:
@@ -257,8 +255,9 @@ class PagedBlock:
                                "runtime.compile: true (it plans them)")
         write_index, read_index = self.op_indices[num_registers]
         k_cache, v_cache = self.storage.flat(layer)
-        return ops.paged_attend(q, k, v, k_cache, v_cache, write_index, read_index, scale,
-                                self.cache.kernel_name)
+        out: torch.Tensor = ops.paged_attend(q, k, v, k_cache, v_cache, write_index, read_index,
+                                             scale, self.cache.kernel_name)
+        return out
 
     def commit(self) -> None:
         """Hand the in-flight pages to the table; free what the window evicts (a recache:

@@ -1,15 +1,15 @@
 """The memory plan: (spec, dtype, page_tokens, budget) -> pages and bytes, in pure integers.
 
-Shared by `inspect-spec` (a dry run on any machine) and by the cache that
-allocates it (DESIGN §4). With S sink frames, window W and block B frames:
+Shared by `inspect-spec` (a dry run) and the cache that allocates it
+(docs/design.md#4-memory). With S sink frames, window W, block B frames, and
+local_branches the branches this worker runs (one per local_index; a CFG-parallel rank
+counts only its own):
 
     page_bytes     = 2 * page_tokens * num_kv_heads * head_size * dtype_bytes * num_layers
     history_pages  = local_branches * (S + max(0, W - B)) * pages_per_frame     per session
     inflight_pages = local_branches * B * pages_per_frame                        shared
     register_pages = local_branches * ceil(max_scratch_tokens / page_tokens)     shared
     cross_bytes    = sum 2 * local_branches * L * heads * head_size * dtype_bytes * layers
-    (local_branches: the branches this worker runs, one per local_index; under CFG-parallel
-    both CFG branches share local_index 0 and each rank counts only its own)
     required(c)    = page_bytes * (c * history_pages + inflight_pages + register_pages)
                      + c * (cross_bytes + model_owned_state_bytes_per_session)
 

@@ -8,20 +8,22 @@ claims it for the session's lifetime.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from ardiff.errors import KVStateError
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:  # pragma: no cover - typing only: backend imports this module
     from ardiff.kv.backend import BranchKV, KVCacheBase
 
+BranchT = TypeVar("BranchT", bound="BranchKV")  # a backend's branch class
 
-class SessionKV:
+
+class SessionKV(Generic[BranchT]):
     """The branches of one resident session; `is_released` once the cache let it go."""
 
-    def __init__(self, cache: KVCacheBase, session_id: str) -> None:
+    def __init__(self, cache: KVCacheBase[BranchT], session_id: str) -> None:
         self.cache, self.session_id = cache, session_id
-        self.branches: dict[str, BranchKV] = {}
+        self.branches: dict[str, BranchT] = {}
         self.slot_owner: dict[int, str] = {}
         self.is_released = False
 
@@ -48,7 +50,7 @@ class SessionKV:
         self.slot_owner[slot] = name
         return slot
 
-    def branch(self, name: str) -> BranchKV:
+    def branch(self, name: str) -> BranchT:
         """The branch's history, created on first use (claims its slot)."""
         kv = self.branches.get(name)
         if kv is not None:  # it claimed its slot when it was created

@@ -1,29 +1,29 @@
-"""The KV state API a pipeline sees (DESIGN §2), the same over every backend.
+"""The KV state API a pipeline sees, the same over every backend (docs/design.md#2-the-contract).
 
-    with state.block("main", commit=False) as blk:   # a probe: writes nothing to history
+    with state.block("main", commit=False) as blk:     # a probe: writes nothing to history
         out = blk.attend(layer, q, k, v)
-    with state.block("main", commit=True) as blk:    # the commit: its K/V become history
+    with state.block("main", commit=True) as blk:      # the commit: its K/V become history
         ...
     with state.recache("main", start_frame=0) as blk:  # kept frames 0.. get new K/V
         ...
 
-This module checks every argument and the block lifecycle, then delegates
-storage to the backend's branch and block objects (`BranchKV`, `BlockKV`). It
-depends on the backend; the backend never knows about states: a state closes
-itself, and a released session makes every state over it unusable.
+This module checks every argument and the block lifecycle, then delegates storage to the
+backend's branch and block objects (`BranchKV`, `BlockKV`), which never know about states:
+a state closes itself, and a released session makes every state over it unusable.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from types import TracebackType
+from typing import Any, Iterator, Literal
 
 import torch
 
+from ardiff.contract.forward import CrossLayers
 from ardiff.errors import KVStateError
-from ardiff.kv.backend import BlockKV, KVCacheBase
+from ardiff.kv.backend import BlockKV, BranchKV, KVCacheBase
 from ardiff.kv.checks import TensorChecks
-from ardiff.kv.cross import CrossLayers
 from ardiff.kv.session import SessionKV
 
 
@@ -130,6 +130,9 @@ class BlockScope:
     A class rather than a generator: it runs five times per AR block of a 4-step model."""
 
     __slots__ = ("state", "branch", "commit", "num_frames", "slot", "kv", "blk")
+    slot: int
+    kv: BlockKV
+    blk: Block
 
     def __init__(self, state: KVState, branch: str, commit: bool,
                  num_frames: int | None) -> None:
@@ -141,7 +144,7 @@ class BlockScope:
         num_frames = state._check_num_frames(self.num_frames)
         slot = state._session.check_slot(branch)
         state._check_positions(branch, num_frames)  # before the slot is claimed: all or nothing
-        history = state._session.branch(branch)
+        history: BranchKV = state._session.branch(branch)
         state._cache.open_slot(slot, branch)
         try:
             self.kv = history.begin(num_frames, self.commit)
@@ -152,7 +155,8 @@ class BlockScope:
         self.blk = Block(state, branch, self.kv, num_frames, self.commit)
         return self.blk
 
-    def __exit__(self, exc_type, exc, traceback) -> bool:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> Literal[False]:
         try:
             self.state._finish(self.blk, self.kv, failed=exc_type is not None)
         finally:
@@ -160,17 +164,18 @@ class BlockScope:
         return False
 
 
-def open_state(cache: KVCacheBase, session_id: str) -> KVState:
+def open_state(cache: KVCacheBase[Any], session_id: str) -> KVState:
     """A state over `session_id`, opening the session if it is new (capacity permitting)."""
     return KVState(cache, cache.open_session(session_id))
 
 
 class KVState:
-    """A pipeline's handle on one session's KV, valid only while bound (DESIGN §2).
+    """A pipeline's handle on one session's KV, valid only while bound
+    (docs/design.md#2-the-contract).
 
     Implements `ardiff.ARDiffusionKVState`."""
 
-    def __init__(self, cache: KVCacheBase, session: SessionKV) -> None:
+    def __init__(self, cache: KVCacheBase[Any], session: SessionKV[Any]) -> None:
         self._cache, self._session = cache, session
         self.session_id = session.session_id
         self.spec = cache.spec
@@ -214,7 +219,7 @@ class KVState:
         self.check_open()
         num_frames = self._check_num_frames(num_frames, "recache")
         slot = self._session.claim_slot(branch)
-        history = self._session.branch(branch)
+        history: BranchKV = self._session.branch(branch)
         self._check_kept(branch, history.kept_frames, start_frame, num_frames)
         with self._in_flight(slot, branch):
             kv = history.begin_recache(start_frame, num_frames)
@@ -260,7 +265,8 @@ class KVState:
 
     def kept_frames(self, branch: str) -> list[int]:
         """Absolute indices of the frames `branch` holds now, in order: the history the next
-        block attends to (DESIGN §3), and the frames `recache` may re-commit."""
+        block attends to (docs/design.md#3-what-a-block-sees), and the frames `recache` may
+        re-commit."""
         self.check_open()
         self._session.check_slot(branch)
         kv = self._session.branches.get(branch)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 
 from ardiff.dtypes import torch_dtype
-from ardiff.kv.address import TokenAddress, frames_address, pages_address
+from ardiff.kv.address import Runs, TokenAddress, frames_address, pages_address
 from ardiff.kv.plan import KVPlan
 
 # A stretch of at least this many elements is copied as a slice rather than per token
-# (measured: a 1560-token Wan frame gathers ~2.5x faster by slices than by index_select).
+# (a Wan-sized frame, whose stretches are megabytes, gathers faster by slices).
 RUN_COPY_MIN_ELEMENTS = 1 << 16
 ADDRESS_CACHE_SIZE = 256  # memoised frame addresses; cleared when full
 # Up to this many stretches, the history is read as views (concatenated with the block's
@@ -37,18 +37,22 @@ class PagedStorage:
         self.dtype = torch_dtype(plan.dtype)
         self.device = torch.device(device)
         shape = (plan.total_pages, plan.page_tokens, spec.num_kv_heads, spec.head_size)
-        fill = torch.full if poison else (lambda size, _value, **kw: torch.empty(size, **kw))
-        make = lambda: fill(shape, float("nan"), dtype=self.dtype, device=self.device)  # noqa: E731
-        self.k = [make() for _ in range(spec.num_layers)]
-        self.v = [make() for _ in range(spec.num_layers)]
+        self.k = [self._new_pool(shape) for _ in range(spec.num_layers)]
+        self.v = [self._new_pool(shape) for _ in range(spec.num_layers)]
         # Per layer, K and V seen as [pages * page_tokens, heads, head_size] (views, no copy).
         self._flat_views = [(k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:]))
                             for k, v in zip(self.k, self.v)]
         self._addresses: dict[tuple[tuple[int, ...], ...], TokenAddress] = {}
         # Memoised views per (layer, runs): the pool hands the same pages back, so a block's
         # in-flight stretches and the window's history stretches recur block after block.
-        self._views: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-        self._write_views: dict[tuple, list[tuple[torch.Tensor, torch.Tensor] | None]] = {}
+        self._views: dict[tuple[int, Runs], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        self._write_views: dict[Runs, list[tuple[torch.Tensor, torch.Tensor] | None]] = {}
+
+    def _new_pool(self, shape: tuple[int, int, int, int]) -> torch.Tensor:
+        """One layer's K (or V) pages: NaN in poison mode, else uninitialised."""
+        if self.poison_enabled:
+            return torch.full(shape, float("nan"), dtype=self.dtype, device=self.device)
+        return torch.empty(shape, dtype=self.dtype, device=self.device)
 
     @property
     def nbytes(self) -> int:

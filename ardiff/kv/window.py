@@ -1,4 +1,4 @@
-"""Which committed frames a branch keeps: the window policy of DESIGN §3.
+"""Which committed frames a branch keeps: the window policy (docs/design.md#3-what-a-block-sees).
 
 With sink S, window W and block B frames, a block attends to the first
 min(S, n) frames, the most recent W - B other frames, and itself. A branch

@@ -12,13 +12,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable, TypedDict
 
 from ardiff.errors import EXIT_FAILED, EXIT_INTERRUPTED
 from ardiff.rollout.report import OutputRecord, RolloutReport
 
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing_extensions import NotRequired
+
 SUMMED_KV = ("pages_total", "pages_in_use", "pages_peak", "kv_bytes_allocated",
              "cross_attention_bytes")
+
+
+class RankResult(TypedDict):
+    """One rank's result as plain data (pickled to the parent, or gathered by torchrun):
+    `launch.worker.rank_result` makes it. `report` is `RolloutReport.to_dict()`, or only
+    status, error and exit_code for a rank that never got to a rollout."""
+
+    rank: int
+    replica: int
+    cfg_rank: int
+    writes: bool
+    pid: int
+    threads: int
+    device: str
+    report: dict[str, Any]
+    block_latencies_s: list[float]
+    peer_lost: bool
+    wall_s: NotRequired[float]
 
 
 @dataclass
@@ -35,11 +56,11 @@ class Failure:
 class JobOutcome:
     """What the parent gathered: each rank's result, failures in order, the stop reason."""
 
-    results: dict[int, dict[str, Any]] = field(default_factory=dict)
+    results: dict[int, RankResult] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
     stop_reason: str | None = None
 
-    def add_result(self, result: dict[str, Any]) -> None:
+    def add_result(self, result: RankResult) -> None:
         self.results[result["rank"]] = result
         report = result["report"]
         if report["status"] == "failed":
@@ -121,7 +142,7 @@ def _outputs(writers: list[dict[str, Any]], order: list[Path]) -> list[OutputRec
     return sorted(records, key=lambda o: rank_of.get(str(Path(o.path).resolve()), len(order)))
 
 
-def _rank_record(result: dict[str, Any], streams: list[int]) -> dict[str, Any]:
+def _rank_record(result: RankResult, streams: list[int]) -> dict[str, Any]:
     report = result["report"]
     timing = report.get("timing", {})
     return {"rank": result["rank"], "replica": result["replica"],
@@ -138,15 +159,15 @@ def _rank_record(result: dict[str, Any], streams: list[int]) -> dict[str, Any]:
             "memory": report.get("memory", {})}
 
 
-def _written(result: dict[str, Any]) -> int:
+def _written(result: RankResult) -> int:
     return result["report"].get("frames", {}).get("written", 0) if result["writes"] else 0
 
 
-def _max(values) -> float | None:
+def _max(values: Iterable[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return max(present) if present else None
 
 
-def _min(values) -> float | None:
+def _min(values: Iterable[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return min(present) if present else None

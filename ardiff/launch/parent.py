@@ -2,23 +2,13 @@
 
     report = run_parallel_rollout(config, on_event, stop)
 
-Everything a single-process run checks (config, spec, paths, capacity of the plan) is
-checked here first, plus the parallel knobs (workers per prompt, devices per rank, the
-backend), so bad input exits 2 before any process starts. Then `workers * cfg` ranks are
-started from a forkserver (multiprocessing: a clean interpreter that imported torch and
-the rollout once, so ranks after the first start in milliseconds) and rendezvous over TCP
-on this host.
-
-Supervision, every quarter second until every rank has sent its result or ended:
-- a rank's progress adds up into the job's `on_event` progress;
-- a failed rank (or one that ended without a result) makes the parent ask every other rank
-  to stop after its block in flight; a CFG peer blocked on it raises at once (its group
-  is torn down), so the job ends within seconds;
-- a stop request (Ctrl-C, SIGTERM...) is passed on to every rank the same way;
-- a rank silent for `timeout_s` once it began warming up or rolling out (before that,
-  while it imports, loads and agrees with its peers, `START_S` at the most; a group that
-  waits for a stuck peer raises at `timeout_s` anyway) is stuck: it is failed and killed.
-No rank outlives the parent: the ranks are ended before this returns.
+What a one-process run checks, plus the parallel knobs (workers per prompt, devices per
+rank, backend), is checked first: bad input exits 2 before any process starts. The
+`workers * cfg` ranks start from a forkserver that imported torch once and meet over TCP
+on this host. Every `POLL_S` the parent sums their progress into `on_event`; a failed or
+ended rank, or a stop request, makes it ask every other rank to stop after its block in
+flight (a CFG peer blocked on a lost rank raises at once); a rank silent for `timeout_s`
+(`START_S` while it starts) is failed and killed. No rank outlives the parent.
 """
 
 from __future__ import annotations
@@ -27,7 +17,8 @@ import os
 import signal
 import socket
 import time
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from typing import Any, Callable
 
 from ardiff.config.run import RunConfig
@@ -39,6 +30,7 @@ from ardiff.distributed.topology import (RankInfo, check_devices, check_streams,
 from ardiff.launch.worker import START_S, RankJob, rank_result, spawned_rank_main
 from ardiff.rollout.job import prepare_rollout
 from ardiff.rollout.progress import ProgressEvent
+from ardiff.rollout.streams import RolloutPlan
 from ardiff.rollout.stop import RolloutStop
 from ardiff.rollout.report import RolloutReport
 
@@ -76,7 +68,7 @@ class PreparedJob:
     """A checked parallel job: its ranks, backend, threads per rank, the streams of each
     rank, the planned outputs and the report to fill."""
 
-    def __init__(self, config: RunConfig, ranks: list[RankInfo], plan: Any, device: str,
+    def __init__(self, config: RunConfig, ranks: list[RankInfo], plan: RolloutPlan, device: str,
                  threads: int) -> None:
         parallel = config.runtime.parallel
         self.ranks, self.threads = ranks, threads
@@ -119,7 +111,8 @@ def free_port() -> int:
     """A TCP port free on this host now, for the ranks' rendezvous."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]  # (host, port) for AF_INET
+        return port
 
 
 class Supervisor:
@@ -130,8 +123,8 @@ class Supervisor:
         self.jobs = {job.rank.rank: job for job in jobs}
         self.emit, self.stop, self.frames_total = emit, stop, frames_total
         self.outcome = JobOutcome()
-        self.procs: dict[int, Any] = {}
-        self.conns: dict[int, Any] = {}
+        self.procs: dict[int, BaseProcess] = {}
+        self.conns: dict[int, Connection] = {}
         self.heard: dict[int, float] = {}
         self.running: set[int] = set()  # ranks past loading: warming up or rolling out
         self.frames: dict[int, int] = {}
@@ -154,8 +147,8 @@ class Supervisor:
 
         context = multiprocessing.get_context("forkserver")
         # A fresh interpreter (not a fork of this process and its threads) that imported
-        # torch and the rollout once: every rank after the first starts in milliseconds
-        # instead of importing torch again (~1.2 s of CPU each).
+        # torch and the rollout once, so no rank pays torch's import again (measured in
+        # docs/several-devices.md).
         context.set_forkserver_preload(PRELOAD)
         # Started with SIGINT/SIGHUP blocked (a spawned interpreter inherits the mask), so a
         # Ctrl-C while a rank imports cannot kill it before it ignores them.
@@ -175,7 +168,7 @@ class Supervisor:
     def _pending(self) -> list[int]:
         return [r for r in self.jobs if r not in self.outcome.results]
 
-    def _live_conns(self) -> list[Any]:
+    def _live_conns(self) -> list[Connection]:
         return [self.conns[r] for r in self._pending() if not self.conns[r].closed]
 
     def _step(self) -> None:
@@ -252,7 +245,7 @@ class Supervisor:
             conn.close()
 
 
-def _end(proc: Any) -> None:
+def _end(proc: BaseProcess) -> None:
     """SIGTERM, then SIGKILL after a grace period: no rank outlives the job."""
     if proc.is_alive():
         proc.terminate()

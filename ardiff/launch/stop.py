@@ -7,9 +7,12 @@ once per block). Data-parallel replicas share nothing mid-run and stop on their 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ardiff.rollout.stop import RolloutStop
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ardiff.distributed.group import Groups
 
 PEER_STOPPED = "a stop of its CFG peer"
 
@@ -20,16 +23,16 @@ class RankStop(RolloutStop):
 
     def __init__(self, follow: RolloutStop | None = None) -> None:
         super().__init__()
-        self.groups: Any = None  # ardiff.distributed.group.Groups, once joined
-        self.follow = follow     # a caller's stop (torchrun: the CLI's), read at each poll
+        self.groups: Groups | None = None  # once joined
+        self.follow = follow  # a caller's stop (torchrun: the CLI's), read at each poll
 
     def poll(self) -> str | None:
         if self.follow is not None and self.follow.reason is not None:
             self.request(self.follow.reason)
-        group = None if self.groups is None else self.groups.cfg
-        if group is None:
+        groups = self.groups
+        if groups is None or groups.cfg is None:
             return self.reason
-        wanted = self.groups.reduce(int(self.reason is not None), "MAX", group)
+        wanted = groups.reduce(int(self.reason is not None), "MAX", groups.cfg)
         if wanted and self.reason is None:
             self.request(PEER_STOPPED)
         return self.reason

@@ -13,13 +13,13 @@ parent stops them at once). The ranks of a CFG group stop together as with `spaw
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Any, Callable
 
 from ardiff.config.run import RunConfig
 from ardiff.distributed.env import rank_from_env
 from ardiff.distributed.group import leave_groups
 from ardiff.launch.parent import prepare_job
-from ardiff.launch.merge import JobOutcome, merge
+from ardiff.launch.merge import JobOutcome, RankResult, merge
 from ardiff.launch.stop import RankStop
 from ardiff.distributed.topology import replica_streams
 from ardiff.launch.worker import RankJob, run_rank
@@ -51,18 +51,19 @@ def run_torchrun_rank(config: RunConfig, on_event: Callable[[ProgressEvent], Non
     outcome = JobOutcome(stop_reason=None if stop is None else stop.reason)
     for each in results:
         outcome.add_result(each)
+    assert job.report.parallel is not None, "prepare_job describes the parallel job"
     job.report.parallel["workers"] = rank.workers
     streams = {r: replica_streams(r // rank.cfg, rank.workers, len(job.outputs))
                for r in range(rank.world_size)}
     return merge(outcome, job.report, streams, job.outputs)
 
 
-def _gather(result: dict, world_size: int) -> list[dict]:
+def _gather(result: RankResult, world_size: int) -> list[RankResult]:
     """Every rank's result at rank 0 (others get an empty list)."""
     import torch.distributed as dist
 
     if not dist.is_initialized():  # this rank failed before joining: report alone
         return [result]
-    gathered = [None] * world_size if dist.get_rank() == 0 else None
+    gathered: list[Any] | None = [None] * world_size if dist.get_rank() == 0 else None
     dist.gather_object(result, gathered, dst=0)
     return list(gathered or [])

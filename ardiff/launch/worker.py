@@ -3,13 +3,11 @@
     parent  --(pipe: "stop <reason>" | closed)-->  rank
     rank    --(pipe: progress, then one result)-->  parent
 
-A spawned rank ignores SIGINT and SIGHUP: a terminal's Ctrl-C reaches every process of
-its group, and the parent alone decides (it asks every rank to stop after its block in
-flight). A closed pipe (the parent died) stops the rank the same way, so no rank
-outlives its parent. SIGTERM is what the parent sends a stuck rank: it raises
-KeyboardInterrupt where the rank is stuck (a sleep, a Python loop), so the rank still
-finalises its files with every finished frame and gives its pages back before the
-parent's SIGKILL. `run_rank` is also what a torchrun rank runs (launcher: env),
+A spawned rank ignores SIGINT and SIGHUP (a terminal's Ctrl-C reaches the whole process
+group; the parent alone decides) and stops after its block in flight when the parent asks
+or its pipe closes, so no rank outlives its parent. SIGTERM, sent to a stuck rank, raises
+KeyboardInterrupt where it is stuck, so it still finalises its files and gives its pages
+back before the parent's SIGKILL. A torchrun rank (launcher: env) runs `run_rank` too,
 without a pipe.
 """
 
@@ -21,15 +19,18 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from multiprocessing.connection import Connection
+from typing import Any, Callable, Sequence
 
 from ardiff.config.run import RunConfig, with_base_dir
 from ardiff.engine.device import resolve_device
 from ardiff.errors import EXIT_FAILED, ArdiffError
 from ardiff.distributed.context import ParallelContext, PeerLostError
 from ardiff.distributed.group import Groups, join_groups, leave_groups
+from ardiff.launch.merge import RankResult
 from ardiff.launch.stop import RankStop
 from ardiff.rollout.job import run_rollout
+from ardiff.rollout.progress import ProgressEvent
 from ardiff.rollout.share import JobShare
 from ardiff.distributed.topology import RankInfo, rank_budget, rank_device
 
@@ -48,7 +49,7 @@ class RankJob:
     timeout_s: float
 
 
-def spawned_rank_main(job: RankJob, conn: Any) -> None:
+def spawned_rank_main(job: RankJob, conn: Connection) -> None:
     """The target of a spawned rank process: run the share, send its result, leave."""
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
@@ -58,7 +59,7 @@ def spawned_rank_main(job: RankJob, conn: Any) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGHUP})
     lock = threading.Lock()
 
-    def send(message: tuple) -> None:
+    def send(message: tuple[str, object]) -> None:
         with lock:
             conn.send(message)
 
@@ -77,7 +78,7 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def _follow_parent(conn: Any, stop: RankStop) -> None:
+def _follow_parent(conn: Connection, stop: RankStop) -> None:
     """Turn the parent's "stop" message, or its end, into a stop request."""
     try:
         reason = conn.recv()
@@ -86,7 +87,8 @@ def _follow_parent(conn: Any, stop: RankStop) -> None:
     stop.request(str(reason))
 
 
-def run_rank(job: RankJob, stop: RankStop, on_event: Callable[[Any], None]) -> dict[str, Any]:
+def run_rank(job: RankJob, stop: RankStop,
+             on_event: Callable[[ProgressEvent], None]) -> RankResult:
     """Join the groups and run this rank's share of the rollout (the caller leaves the
     groups); return its result (plain data). Errors before the rollout starts (loading,
     capacity) become a failed result too: the parent decides what the job reports."""
@@ -130,7 +132,7 @@ def _context(rank: RankInfo, groups: Groups) -> ParallelContext | None:
     return ParallelContext(rank.cfg_rank, rank.cfg, groups.cfg, rank.rank)
 
 
-def progress_message(event: Any) -> dict[str, Any]:
+def progress_message(event: ProgressEvent) -> dict[str, Any]:
     """A ProgressEvent as plain data (no frames: they stay with the rank that writes them)."""
     block = event.block
     return {"phase": event.phase, "frames_written": event.frames_written,
@@ -140,8 +142,8 @@ def progress_message(event: Any) -> dict[str, Any]:
             "latency_s": None if block is None else block.latency_s}
 
 
-def rank_result(job: RankJob, report: dict[str, Any], latencies: list[float] = (),
-                peer_lost: bool = False, pid: int | None = None) -> dict[str, Any]:
+def rank_result(job: RankJob, report: dict[str, Any], latencies: Sequence[float] = (),
+                peer_lost: bool = False, pid: int | None = None) -> RankResult:
     """A rank's result as plain data: who it was, its report (`to_dict()`, or only status,
     error and exit_code when it never got to a rollout), its block latencies."""
     rank = job.rank
@@ -152,7 +154,7 @@ def rank_result(job: RankJob, report: dict[str, Any], latencies: list[float] = (
             "report": report, "block_latencies_s": list(latencies), "peer_lost": peer_lost}
 
 
-def _failure(job: RankJob, exc: BaseException) -> dict[str, Any]:
+def _failure(job: RankJob, exc: BaseException) -> RankResult:
     """A rank that raised before its rollout started (or outside it)."""
     if isinstance(exc, KeyboardInterrupt):
         status, code, error = "interrupted", 130, "interrupted"

@@ -5,14 +5,11 @@
     for event in handoff.ready(): ...     the blocks beyond the lag, their frames on the host
     for event in handoff.ready(keep=0):   every staged block (the end of the run, a failure)
 
-On CUDA `push` starts a non-blocking copy of the frames into pinned host memory and
-records an event behind it; `ready` yields them one block later, after the next block was
-queued, waiting only for that event (the one host wait per block, for the encoder). On
-CPU the frames are already on the host: lag 0, handed on at once, as they always were.
-
-An error the device raises while a block runs surfaces at its wait: `ready` then calls
-`fail(session_id, block_index, exc)` (the runner's `fail_block`: the session is failed
-closed and a PipelineError raised), and drops what was staged after it.
+On CUDA `push` queues a non-blocking copy into pinned host memory and records an event
+behind it; `ready` waits for that event one block later, once the next block is queued
+(the one host wait per block). A device error surfaces at that wait: `ready` calls
+`fail(session_id, block_index, exc)` (the runner's `fail_block`: the session fails closed,
+PipelineError) and drops what was staged after it.
 """
 
 from __future__ import annotations
@@ -20,9 +17,14 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from ardiff.rollout.streams import BlockEvent
+
+if TYPE_CHECKING:  # pragma: no cover - typing only: both import torch
+    import torch
+
+    from ardiff.engine.runner import Runner
 
 
 @dataclass
@@ -31,7 +33,7 @@ class Staged:
     (a CUDA event recorded after the copy; None: they are on the host already)."""
 
     event: BlockEvent
-    done: Any = None
+    done: torch.cuda.Event | None = None
 
 
 def stage_frames(event: BlockEvent) -> Staged:
@@ -73,6 +75,7 @@ class FrameHandoff:
             yield staged.event
 
     def _wait(self, staged: Staged) -> None:
+        assert staged.done is not None, "ready() waits only for a staged copy"
         try:
             staged.done.synchronize()
         except BaseException as exc:  # noqa: BLE001 - a device error: the block failed
@@ -86,12 +89,12 @@ class FrameHandoff:
             raise
 
 
-def frames_lag(device: Any) -> int:
+def frames_lag(device: torch.device) -> int:
     """Blocks a block's frames wait before the encoder gets them: 1 on CUDA, 0 on CPU."""
     return 1 if device.type == "cuda" else 0
 
 
-def make_handoff(runner: Any, lag: int | None = None) -> FrameHandoff:
+def make_handoff(runner: Runner, lag: int | None = None) -> FrameHandoff:
     """The runner's hand-off; `lag` overrides `frames_lag` (a block source that is steered
     by the frames it shows wants 0: `LiveBlocks.frames_lag`)."""
     return FrameHandoff(frames_lag(runner.device) if lag is None else lag, runner.fail_block)

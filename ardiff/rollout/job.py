@@ -1,27 +1,15 @@
-"""A whole rollout job: check, load, warm up, run, encode, report (what `ardiff rollout` does).
+"""A whole rollout job in one process: check, load, warm up, run, encode, report.
 
     report = run_rollout(config, on_event=callback, stop=RolloutStop())
 
-Bad input (config, spec, output path, capacity) raises before anything is
-computed or created. Once the rollout starts, every failure — an exception in
-the pipeline or the encoder, a pipeline calling `sys.exit`, Ctrl-C — is caught
-here: the files are finalized with every finished frame, and the report says
-`failed` or `interrupted` with the error. The job never prints; progress
-leaves through `on_event`.
-
-Stopping is cooperative, through a `RolloutStop`: a caller (the CLI's signal
-handler) calls `stop.request("SIGTERM")`; the job polls it at its safe points
-(before warmup, before the first block, after every block once its frames are
-handed to the writer), stops there, finalizes every file and reports
-`interrupted by SIGTERM`. Nothing is stopped half-way, so no file is left
-unfinished; a block in flight completes first. The job publishes where it is
-in `stop.phase`: while nothing is on disk (`loading`, `warmup`) a caller may
-instead raise KeyboardInterrupt to stop at once — the job reports that as an
-interrupt too, as it does a KeyboardInterrupt a pipeline raises.
-
-`run_rollout` runs in this one process. A job of several processes
-(`runtime.parallel`) is `ardiff.launch`'s: its ranks each run their `JobShare` of it
-through this same function, and its parent merges their reports into one.
+Bad input (config, spec, output path, capacity) raises before anything is computed or
+created. Once the rollout starts, every failure (the pipeline or encoder raising, a
+pipeline calling `sys.exit`, Ctrl-C) ends in the report as `failed` or `interrupted`, the
+files finalized with every finished frame. Stopping is cooperative: the job polls `stop`
+at safe points (before warmup, before the first block, after each block reaches the
+writer), so no file is left half-written; while `stop.phase` is `loading` or `warmup` a
+caller may raise KeyboardInterrupt instead. A job of several processes is
+`ardiff.launch`'s: each rank runs its `JobShare` through this function. Nothing prints.
 """
 
 from __future__ import annotations
@@ -30,22 +18,34 @@ import dataclasses
 import numbers
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
 from ardiff.config.run import RunConfig
+from ardiff.contract import ARDiffusionPipeline
+from ardiff.distributed.context import ParallelContext
 from ardiff.errors import (EXIT_FAILED, EXIT_INTERRUPTED, ArdiffError, ConfigError,
                            PipelineLoadError, WarmupError)
-from ardiff.engine.build import build_runner, resolve
-from ardiff.rollout.handoff import make_handoff
-from ardiff.rollout.streams import BlockEvent, RolloutPlan, check_capacity, iter_rollout, plan_rollout
+from ardiff.engine.build import ResolvedPipeline, build_runner, resolve
+from ardiff.rollout.handoff import FrameHandoff, make_handoff
+from ardiff.rollout.streams import (BlockEvent, RolloutPlan, Stream, check_capacity,
+                                    iter_rollout, plan_rollout)
 from ardiff.rollout.paths import check_rollout_paths
 from ardiff.rollout.progress import ProgressEvent
 from ardiff.rollout.report import OutputRecord, RolloutReport, peak_rss_bytes
 from ardiff.rollout.share import JobShare
 from ardiff.rollout.stop import RolloutStop
-from ardiff.video.writer import VideoWriter, check_output_path
+from ardiff.video.writer import VideoInfo, VideoWriter, check_output_path
 
-BlockSource = Callable[[Any, RolloutPlan], Iterator[BlockEvent]]  # (runner, plan) -> blocks
+if TYPE_CHECKING:  # pragma: no cover - typing only: the runner imports torch
+    from ardiff.engine.runner import Runner
+
+BlockSource = Callable[["Runner", RolloutPlan], Iterator[BlockEvent]]  # (runner, plan) -> blocks
+
+
+class Deliver(Protocol):
+    """`_run`'s writer of ready blocks: True when a stop was polled."""
+
+    def __call__(self, ready: Iterator[BlockEvent], poll: bool = True) -> bool: ...
 
 
 def run_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], None] | None = None,
@@ -92,7 +92,8 @@ def needs_processes(config: RunConfig) -> bool:
     return parallel.world_size > 1 or parallel.launcher == "env"
 
 
-def prepare_rollout(config: RunConfig, context: Any = None) -> tuple[Any, RolloutPlan]:
+def prepare_rollout(config: RunConfig, context: ParallelContext | None = None
+                    ) -> tuple[ResolvedPipeline, RolloutPlan]:
     """Everything checked before any compute: the pipeline built (not loaded) and its spec,
     the plan of every stream, the paths. `context`: a CFG-parallel rank's (None: a dry one).
     Raises ConfigError / OutputPathError / SpecError."""
@@ -107,7 +108,7 @@ def prepare_rollout(config: RunConfig, context: Any = None) -> tuple[Any, Rollou
     return resolved, plan
 
 
-def _video_frames_per_block(pipeline: Any, latent_frames: int) -> tuple[int, int]:
+def _video_frames_per_block(pipeline: ARDiffusionPipeline, latent_frames: int) -> tuple[int, int]:
     """Video frames of a block, and of a session's first block: the decoder makes
     `video_frames_per_latent_frame` (default 1) per latent frame, and
     `video_frames_first_latent_frame` (default: the same) for a session's first one."""
@@ -118,7 +119,8 @@ def _video_frames_per_block(pipeline: Any, latent_frames: int) -> tuple[int, int
     return latent_frames * per, first + (latent_frames - 1) * per
 
 
-def _frames_attribute(pipeline: Any, name: str, default: int, meaning: str) -> int:
+def _frames_attribute(pipeline: ARDiffusionPipeline, name: str, default: int,
+                      meaning: str) -> int:
     value = getattr(pipeline, name, default)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise PipelineLoadError(f"pipeline: {name} is {value!r}; it must be an integer >= 1 "
@@ -126,14 +128,14 @@ def _frames_attribute(pipeline: Any, name: str, default: int, meaning: str) -> i
     return int(value)
 
 
-def _new_report(config: RunConfig, plan: RolloutPlan, runner: Any) -> RolloutReport:
+def _new_report(config: RunConfig, plan: RolloutPlan, runner: Runner) -> RolloutReport:
     return RolloutReport(pipeline=config.pipeline.entry, device=str(runner.device),
                          dtype=runner.plan.dtype,  # runtime.dtype, auto resolved
                          frames_requested=plan.frames * len(plan.streams),
                          output_fps=config.output.fps)
 
 
-def _warm_up_and_run(runner: Any, plan: RolloutPlan, config: RunConfig, report: RolloutReport,
+def _warm_up_and_run(runner: Runner, plan: RolloutPlan, config: RunConfig, report: RolloutReport,
                      emit: Callable[[ProgressEvent], None], stop: RolloutStop,
                      blocks: BlockSource, writes: bool) -> None:
     """Warmup, then the rollout, each only if nothing stopped the job before it."""
@@ -151,7 +153,7 @@ def _warm_up_and_run(runner: Any, plan: RolloutPlan, config: RunConfig, report: 
         stop.phase = "finalising"  # closing the runner and the report: nothing to interrupt
 
 
-def _warmup(runner: Any, report: RolloutReport) -> None:
+def _warmup(runner: Runner, report: RolloutReport) -> None:
     try:
         warmup = runner.warmup()
     except WarmupError as exc:
@@ -164,23 +166,21 @@ def _warmup(runner: Any, report: RolloutReport) -> None:
         report.warnings.append(f"warmup leaked {warmup.leaked_pages} KV pages")
 
 
-def _run(runner: Any, plan: RolloutPlan, config: RunConfig, report: RolloutReport,
+def _run(runner: Runner, plan: RolloutPlan, config: RunConfig, report: RolloutReport,
          emit: Callable[[ProgressEvent], None], stop: RolloutStop, blocks: BlockSource,
          writes: bool) -> None:
     """The blocks, each handed to its stream's writer (`writes` False: counted, not written:
     a CFG group's second rank makes the frames its first rank writes).
 
-    On CUDA a block's frames reach the writer one block late (`ardiff.rollout.handoff`):
-    block i's are written once block i+1 is queued, so the host never waits for the device
-    but for the frames it encodes. A stop polled after block i's frames drops block i+1's
-    (the files end where a CPU run stopped at the same point would); a failure writes
-    every block that finished before it."""
+    On CUDA frames reach the writer one block late (`ardiff.rollout.handoff`). A stop
+    polled after block i drops block i+1's frames, so the files end where a CPU run's
+    would; a failure writes every block that finished before it."""
     stop.phase = "rollout"  # before the first file opens: from here a stop must be requested
-    writers: dict[int, Any] = {}
+    writers: dict[int, VideoWriter] = {}
     start = time.perf_counter()
     handoff = make_handoff(runner, getattr(blocks, "frames_lag", None))
 
-    def deliver(ready: Iterator[Any], poll: bool = True) -> bool:
+    def deliver(ready: Iterator[BlockEvent], poll: bool = True) -> bool:
         """Write the ready blocks; True when a stop was polled (`poll` False: after a
         failure, when a parallel rank's poll would wait for peers that may be gone)."""
         for event in ready:
@@ -215,7 +215,7 @@ def _run(runner: Any, plan: RolloutPlan, config: RunConfig, report: RolloutRepor
             _close_writer(writer, streams[index], report, stop)
 
 
-def _deliver_finished(deliver: Callable[[Iterator[Any]], bool], handoff: Any) -> None:
+def _deliver_finished(deliver: Deliver, handoff: FrameHandoff) -> None:
     """After a failure: write the blocks that finished before it (queued on CUDA); an error
     now (the device's, again) leaves the failure already recorded as it is."""
     try:
@@ -224,7 +224,7 @@ def _deliver_finished(deliver: Callable[[Iterator[Any]], bool], handoff: Any) ->
         pass
 
 
-def _write(event: BlockEvent, writers: dict[int, Any], config: RunConfig,
+def _write(event: BlockEvent, writers: dict[int, VideoWriter], config: RunConfig,
            report: RolloutReport, writes: bool = True) -> None:
     if not writes:
         report.frames_written += int(event.frames.shape[0])
@@ -253,9 +253,11 @@ def _open_writer(event: BlockEvent, config: RunConfig) -> VideoWriter:
                        preset=out.preset, scale=out.scale)
 
 
-def _close_writer(writer: Any, stream: Any, report: RolloutReport, stop: RolloutStop) -> None:
+def _close_writer(writer: VideoWriter, stream: Stream, report: RolloutReport,
+                  stop: RolloutStop) -> None:
     """Finalize one file; `stop.phase` says `finalising` meanwhile."""
     phase, stop.phase = stop.phase, "finalising"
+    info: VideoInfo | None
     try:
         info = writer.close()
     except BaseException as exc:  # noqa: BLE001 - the encoder failing is a failed run
@@ -298,7 +300,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _close_runner(runner: Any, report: RolloutReport) -> None:
+def _close_runner(runner: Runner, report: RolloutReport) -> None:
     try:
         runner.close()
     except ArdiffError as exc:
@@ -308,7 +310,7 @@ def _close_runner(runner: Any, report: RolloutReport) -> None:
             _record_failure(report, exc)
 
 
-def _finish_report(report: RolloutReport, runner: Any) -> None:
+def _finish_report(report: RolloutReport, runner: Runner) -> None:
     stats = runner.stats()
     report.block_latencies_s = stats.block_latencies_s
     report.sessions = stats.sessions

@@ -3,16 +3,12 @@
     plan = plan_rollout(config, spec, video_frames_per_block, first_block_frames)
     for event in iter_rollout(runner, plan): ...                # frames as they arrive
 
-One *stream* per prompt: its own session and its own output file. Streams run
-one after another, or round-robin when `rollout.interleave` is set (then all
-must be resident at once). Every stream writes exactly `rollout.frames` video
-frames: whole blocks run, the last one is cut.
-
-A decoder may make fewer video frames for a session's first block than for
-the others (a causal video VAE turns the first latent frame into 1 frame and
-every later one into 4): the plan walks each stream's blocks once, so block
-starts, prompt-switch blocks and the positions checked against
-`max_model_len` are exact, a reset starting a session (and a short block) again.
+One *stream* per prompt: its own session and output file. Streams run one after another,
+or round-robin under `rollout.interleave` (all resident at once). Each writes exactly
+`rollout.frames` video frames; the last block is cut. A session's first block (also after
+a reset) may make fewer frames (a causal video VAE: 1 for the first latent frame, 4 for
+each later one), so the plan walks each stream's blocks once and block starts, switch
+blocks and the positions checked against `max_model_len` are exact:
 
     video frames   0 .. 8 | 9 .. 20 | 21 .. 32 | ...     first block 9, then 12
     blocks              0 |       1 |        2 | ...
@@ -22,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from ardiff.config.run import PromptSwitch, RunConfig
 from ardiff.sizes import ceil_div
@@ -30,6 +26,12 @@ from ardiff.errors import ConfigError
 from ardiff.contract.forward import RolloutRequest
 from ardiff.rollout.inputs import output_path_for, read_actions, read_prompts
 from ardiff.contract.spec import ARDiffusionKVCacheSpec
+from ardiff.engine.timing import Latency, seconds
+
+if TYPE_CHECKING:  # pragma: no cover - typing only: both import torch
+    import torch
+
+    from ardiff.engine.runner import Runner
 
 
 @dataclass(frozen=True)
@@ -90,13 +92,13 @@ class BlockEvent:
 
     stream: Stream
     block_index: int
-    frames: Any           # torch.Tensor uint8 [F, H, W, 3]
-    latency: Any          # a float, or a DeviceLatency read when latency_s is (ardiff.engine.timing)
+    frames: torch.Tensor  # uint8 [F, H, W, 3]
+    latency: Latency      # a float, or a DeviceLatency read at the first latency_s
     frames_written: int   # this stream's frames so far, including these
 
     @property
     def latency_s(self) -> float:
-        return self.latency if type(self.latency) is float else self.latency.seconds
+        return seconds(self.latency)
 
 
 def plan_rollout(config: RunConfig, spec: ARDiffusionKVCacheSpec, video_frames_per_block: int,
@@ -189,7 +191,7 @@ def check_capacity(plan: RolloutPlan, capacity: int) -> None:
             f"fewer prompts, or set rollout.interleave: false to run them one after another")
 
 
-def iter_rollout(runner: Any, plan: RolloutPlan) -> Iterator[BlockEvent]:
+def iter_rollout(runner: Runner, plan: RolloutPlan) -> Iterator[BlockEvent]:
     """Run the plan's blocks on the runner, yielding each block's frames as they arrive.
 
     A stream runs until it has `plan.frames` frames (so a pipeline that makes
