@@ -1,6 +1,6 @@
 """Micro-benchmark (not a test): per-block cost of the paged KV cache against the dense one.
 
-    python tests/bench/kv_micro.py [--blocks 4] [--repeats 3] [--wide-steps 1]
+    python benchmarks/kv_micro.py [--blocks 4] [--repeats 3] [--wide-steps 1]
 
 One block = `steps` probes + one commit, each attending every layer with
 random q/k/v once the window is full. Both backends run the same sequence,
@@ -17,10 +17,10 @@ import time
 
 import torch
 
-from ardiff.kv.backend import create_cache
-from ardiff.kv.state import open_state
-from ardiff.kv.plan import make_plan
 from ardiff.contract.spec import ARDiffusionKVBranchSpec, ARDiffusionKVCacheSpec
+from ardiff.kv.backend import create_cache
+from ardiff.kv.plan import make_plan
+from ardiff.kv.state import open_state
 
 GEOMETRIES = {
     "tiny": (dict(num_layers=2, num_kv_heads=2, head_size=16, tokens_per_frame=16,

@@ -3,9 +3,9 @@ compiled. One process, one torch thread; the two arms alternate block by block (
 goes first alternates too: ABBA), so machine load and cache state hit both alike. Prints
 medians and p10-p90 of the paired ratios, of wall time and of thread CPU time.
 
-    python tests/bench/kv_paired.py default|tiny|wan [--blocks N] [--arms paged,dense]
-    python tests/bench/kv_paired.py tiny --arms eager,compiled
-    python tests/bench/kv_paired.py default --arms dense,dense2    # A/A: the method's own bias
+    python benchmarks/kv_paired.py default|tiny|wan [--blocks N] [--arms paged,dense]
+    python benchmarks/kv_paired.py tiny --arms eager,compiled
+    python benchmarks/kv_paired.py default --arms dense,dense2    # A/A: the method's own bias
 
 `wan` is configs/bench-wide.yaml (Wan2.1-1.3B-shaped layers) with 16 query tokens per block,
 so K/V movement, not attention arithmetic, dominates: the hardest case for a layout.

@@ -1,6 +1,6 @@
 """What `output.scale` saves: the default model's video path, old against new, paired.
 
-    python tests/video/scale_paired.py [--pairs 8]
+    python benchmarks/scale_paired.py [--pairs 8]
 
 The default model's first 32 frames at 32x32 (its real output: start frames, then
 sampled ones) are written to a 256x256 mp4 while a model-like loop runs on the main

@@ -27,6 +27,15 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(cores, MAX_TEST_WORKERS))
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: every collected test is seen
+def pytest_collection_modifyitems(items) -> None:
+    """A `heavy` test is `slow` too, so `-m "not slow"` (which replaces addopts'
+    `-m "not heavy"`) still leaves it out."""
+    for item in items:
+        if item.get_closest_marker("heavy") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def pipelines_file() -> Path:
     """Absolute path of the fixture pipelines, for `file.py:attr` entries."""

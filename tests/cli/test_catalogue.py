@@ -11,9 +11,9 @@ Every case must
   the rule and the fix; no traceback (in-process: no exception escaped Typer),
 - create nothing (no video, no partial file, no stats).
 
-The table "Errors and exit codes" in README.md is these cases with their real messages
-(the folder's path cut off): `test_the_readme_table_is_the_catalogue` prints the table to
-paste when they differ. The cases themselves are the table in
+The table "Bad input" in docs/errors.md is these cases with their real messages
+(the folder's path cut off): `test_the_errors_page_table_is_the_catalogue` prints the table
+to paste when they differ. The cases themselves are the table in
 tests/support/catalogue_cases.py. Every case runs once in-process (Typer's runner, the
 `outcomes` fixture); the SUBPROCESS ones (two: the first exit and the deepest, a spec
 that does not fit) also through the installed command, in a subprocess marked slow.
@@ -39,7 +39,7 @@ from typer.testing import CliRunner
 from ardiff_cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]
-README = REPO / "README.md"
+ERRORS_PAGE = REPO / "docs" / "errors.md"
 INPUT_FILES = (REPO / "tests" / "support" / "fault_pipelines.py",
                REPO / "tests" / "support" / "spec_pipelines.py")
 ARDIFF = shutil.which("ardiff", path=str(Path(sys.executable).parent)) or shutil.which("ardiff")
@@ -208,17 +208,17 @@ def test_the_installed_command_says_the_same(case, outcomes, tmp_path):
     assert message(outcome, tmp_path) == message(in_process, folder)
 
 
-def test_the_readme_table_is_the_catalogue(outcomes):
-    """README.md lists every case in order, with its code and its real message."""
-    rows = readme_rows()
+def test_the_errors_page_table_is_the_catalogue(outcomes):
+    """docs/errors.md lists every case in order, with its code and its real message."""
+    rows = page_rows()
     expected = [table_row(case, outcomes) for case in CASES]
     table = "\n".join([TABLE_HEADER, TABLE_RULE, *expected])
-    assert len(rows) == len(CASES), f"README.md's catalogue differs; the table is:\n{table}"
+    assert len(rows) == len(CASES), f"docs/errors.md's catalogue differs; the table is:\n{table}"
     for case, row, want in zip(CASES, rows, expected):
         problem, code, example = row
         assert (problem, code) == (case.problem, str(case.code)), f"the table is:\n{table}"
         if case.exact and case.id in outcomes:
-            assert row == split_row(want), f"README.md's row differs; the table is:\n{table}"
+            assert row == split_row(want), f"docs/errors.md's row differs; the table is:\n{table}"
         else:
             assert re.search(case.pattern, example.strip("`").replace("\\|", "|")), row
 
@@ -238,9 +238,9 @@ def split_row(line: str) -> tuple[str, ...]:
     return tuple(cell.strip() for cell in cells)
 
 
-def readme_rows() -> list[tuple[str, ...]]:
-    lines = README.read_text(encoding="utf-8").splitlines()
-    assert TABLE_HEADER in lines, f"README.md has no table starting {TABLE_HEADER!r}"
+def page_rows() -> list[tuple[str, ...]]:
+    lines = ERRORS_PAGE.read_text(encoding="utf-8").splitlines()
+    assert TABLE_HEADER in lines, f"docs/errors.md has no table starting {TABLE_HEADER!r}"
     start = lines.index(TABLE_HEADER) + 2
     rows = []
     for line in lines[start:]:

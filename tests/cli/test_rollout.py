@@ -363,6 +363,7 @@ def test_bad_input_is_refused_with_exit_2_before_anything_runs(tmp_path, case):
 
 # -- the CI script ---------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.heavy  # four fresh interpreters, one per command of the script
 def test_the_ci_smoke_script_passes_on_the_shipped_tiny_dit(tmp_path):
     env = {**ENV, "PATH": f"{BIN_DIR}{os.pathsep}{ENV.get('PATH', '')}"}
 

@@ -214,6 +214,7 @@ def check_run(folder: Path, kill: Kill, exit_code: int) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # a soak: 20 real processes, killed at random moments
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the zygote forks")
 def test_random_kills_leave_playable_files_and_stats_that_agree(tmp_path):
     kills = draw_kills(random.Random(SEED))

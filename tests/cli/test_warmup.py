@@ -1,4 +1,4 @@
-"""`ardiff warmup CONFIG`: tables, --json, flags, and the exit codes of DESIGN §7."""
+"""`ardiff warmup CONFIG`: tables, --json, flags, and the exit codes (docs/errors.md)."""
 
 from __future__ import annotations
 

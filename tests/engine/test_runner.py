@@ -1,4 +1,4 @@
-"""The runner (DESIGN §5): sessions, LRU eviction, the one release path, warmup, output checks.
+"""The runner (docs/design.md#5-runner-and-sessions): sessions, LRU eviction, the one release path, warmup, output checks.
 
 The pipelines are small but real (tests/support/probe_pipeline.py): every
 block runs probes and a commit through the KV state API and checks that the

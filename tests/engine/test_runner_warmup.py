@@ -1,4 +1,4 @@
-"""The runner's warmup (DESIGN §5) and build_runner: load before measuring and planning.
+"""The runner's warmup (docs/design.md#5-runner-and-sessions) and build_runner: load before measuring and planning.
 
 Same probe pipelines as tests/engine/test_runner.py (tests/support/probe_pipeline.py).
 """

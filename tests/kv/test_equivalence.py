@@ -1,4 +1,4 @@
-"""Paged (poisoned) vs dense reference: same blocks, same outputs, DESIGN §3 windows (§9)."""
+"""Paged (poisoned) vs dense reference: same blocks, same outputs, same windows (docs/design.md#9-how-we-know-it-is-right)."""
 
 from __future__ import annotations
 

@@ -53,7 +53,8 @@ def _layer_stack(weights):
 
 @pytest.mark.parametrize("backend, compiler", [
     ("paged", "aot_eager"), ("dense", "aot_eager"),
-    pytest.param("paged", "inductor", marks=pytest.mark.slow),  # ~25 s with a cold cache
+    pytest.param("paged", "inductor",
+                 marks=[pytest.mark.slow, pytest.mark.heavy]),  # ~25 s with a cold cache
 ])
 def test_a_compiled_layer_stack_equals_eager(backend, compiler):
     """`aot_eager` traces and functionalizes the op (seconds); inductor also generates and
@@ -125,6 +126,7 @@ def _tiny_config(**runtime):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # inductor: seconds of C++ builds with a cold cache
 def test_runtime_compile_gives_the_eager_video():
     torch._dynamo.reset()
     frames = {}

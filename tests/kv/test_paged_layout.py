@@ -60,7 +60,7 @@ def _is_nan(cache, page_ids) -> bool:
 
 
 def test_probes_write_no_pages_and_a_commit_writes_only_its_own():
-    """A probe attends to its k/v directly (DESIGN §4): its in-flight pages stay NaN. A
+    """A probe attends to its k/v directly (docs/design.md#4-memory): its in-flight pages stay NaN. A
     commit's attend stores that layer's k/v in them. Registers are never stored."""
     paged, dense = caches(spec_())
     states = [open_state(c, "s") for c in (paged, dense)]

@@ -1,4 +1,4 @@
-"""ardiff/kv/plan.py: the memory plan on hand-computed cases (DESIGN §4).
+"""ardiff/kv/plan.py: the memory plan on hand-computed cases (docs/design.md#4-memory).
 
 Unless a test says otherwise: 2 layers, 2 KV heads of 8, 4 tokens per frame,
 blocks of 2 frames, a 6-frame window, no sink, float32 (4 bytes), one page

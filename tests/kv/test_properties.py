@@ -1,4 +1,4 @@
-"""Property-based tests of the bookkeeping (DESIGN §9): no leak, no double free, sink kept,
+"""Property-based tests of the bookkeeping (docs/design.md#9-how-we-know-it-is-right): no leak, no double free, sink kept,
 window exact, bounded history, everything back after release."""
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ def stored_kv(cache, session_id: str, branch: str, layer: int) -> tuple[torch.Te
 
 def recache(lock: Lockstep, session_id: str, branch: str, start: int, num_frames: int,
             fail_after: int | None = None) -> None:
-    """One recache on both caches; every attend compared, visibility checked by DESIGN §3."""
+    """One recache on both caches; every attend compared, visibility checked by docs/design.md#3-what-a-block-sees."""
     states = [open_state(cache, session_id) for cache in lock.caches]
     model = lock.model(session_id, branch)
     try:

@@ -1,4 +1,4 @@
-"""Misuse of the KV state API (DESIGN §2): typed errors that say what was expected and what came."""
+"""Misuse of the KV state API (docs/design.md#2-the-contract): typed errors that say what was expected and what came."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""WindowPolicy and PageTable: integer bookkeeping of what a branch keeps (DESIGN §3)."""
+"""WindowPolicy and PageTable: integer bookkeeping of what a branch keeps (docs/design.md#3-what-a-block-sees)."""
 
 from __future__ import annotations
 

@@ -255,6 +255,7 @@ def interrupted(tmp_path_factory):
     return folder, proc.returncode, stderr
 
 
+@pytest.mark.heavy  # the installed command, its own forkserver and ranks, then a real SIGINT
 def test_ctrl_c_reaches_every_rank_and_leaves_playable_files(interrupted):
     folder, code, stderr = interrupted
     assert code == 130, stderr
@@ -270,6 +271,7 @@ def test_ctrl_c_reaches_every_rank_and_leaves_playable_files(interrupted):
 
 # -- torchrun -----------------------------------------------------------------------------
 
+@pytest.mark.heavy  # torchrun, the installed command and two ranks: three fresh interpreters
 @pytest.mark.skipif(shutil.which("torchrun", path=str(BIN)) is None, reason="no torchrun")
 def test_torchrun_ranks_match_spawned_ones(data_parallel, tmp_path):
     _, single, config, _ = data_parallel

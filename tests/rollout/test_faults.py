@@ -9,9 +9,9 @@ disk filling up is simulated in every format (`FullDisk`): the write of frame n 
 ENOSPC and from then on no file may grow, except into room the writer frees (its space
 reserve), so the file must be finished on a full disk.
 
-The table "Run failures" in README.md is FAULTS (tests/support/fault_cases.py; one row per
-distinct row text); `test_the_readme_table_is_the_fault_list` prints it to paste when they
-differ. The
+The table "Run failures" in docs/errors.md is FAULTS (tests/support/fault_cases.py; one row
+per distinct row text); `test_the_errors_page_table_is_the_fault_list` prints it to paste
+when they differ. The
 same refusals through the installed command are in tests/cli/test_rollout.py
 (failure at block k, Ctrl-C) and tests/cli/test_signals.py (SIGTERM to a process group, a
 second signal while the file is finished); the runner's side of each fault in
@@ -43,7 +43,7 @@ from ardiff.rollout.report import STATS_SCHEMA
 from ardiff_cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]
-README = REPO / "README.md"
+ERRORS_PAGE = REPO / "docs" / "errors.md"
 FAULT_PIPELINES = REPO / "tests" / "support" / "fault_pipelines.py"
 
 from fault_cases import (EXACT_FORMATS, FAULTS, FRAMES, LOSSY_TOLERANCE, TABLE_HEADER,
@@ -262,16 +262,16 @@ def test_the_stats_of_a_failed_run_say_which_block_failed(runs):
             assert stats["sessions"]["failed"] == 1
 
 
-def test_the_readme_table_is_the_fault_list():
+def test_the_errors_page_table_is_the_fault_list():
     rows = []
     for fault in FAULTS:
         status = "-" if fault.status is None else f"`{fault.status}`"
         row = f"| {fault.row} | {fault.exit_code} | {status} | {fault.holds} |"
         if row not in rows:
             rows.append(row)
-    lines = README.read_text(encoding="utf-8").splitlines()
+    lines = ERRORS_PAGE.read_text(encoding="utf-8").splitlines()
     table = "\n".join([TABLE_HEADER, TABLE_RULE, *rows])
-    assert TABLE_HEADER in lines, f"README.md has no fault table; it is:\n{table}"
+    assert TABLE_HEADER in lines, f"docs/errors.md has no fault table; it is:\n{table}"
     start = lines.index(TABLE_HEADER)
     found = [line for line in lines[start:start + len(rows) + 3] if line.startswith("|")]
-    assert found == [TABLE_HEADER, TABLE_RULE, *rows], f"README.md's table differs:\n{table}"
+    assert found == [TABLE_HEADER, TABLE_RULE, *rows], f"docs/errors.md's table differs:\n{table}"

@@ -85,7 +85,7 @@ def test_the_dense_backend_has_no_page_counts_and_validates():
 @pytest.mark.parametrize("edit", [
     lambda d: d.update(extra=1),                          # unknown top-level key
     lambda d: d.update(status="done"),                    # unknown status
-    lambda d: d.update(exit_code=4),                      # not an exit code of DESIGN §7
+    lambda d: d.update(exit_code=4),                      # not an exit code (docs/errors.md)
     lambda d: d["timing"].pop("real_time_factor"),
     lambda d: d["kv"].update(backend="sparse"),
     lambda d: d["sessions"].pop("evicted"),
