@@ -1,7 +1,7 @@
 """Typed errors of ardiff.
 
 Every error a user can cause is one of these classes. Each carries the exit
-code the command line uses for it (DESIGN §7):
+code the command line uses for it (docs/design.md#7-command-line-and-exit-codes):
 
     0 ok · 1 the run failed · 2 bad usage, config or spec · 3 does not fit · 130 interrupted
 

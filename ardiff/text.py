@@ -1,16 +1,12 @@
-"""User text: how a user's value is shown in a message, and which strings a config may hold.
-
-Messages quote what the user wrote, but never grow with it: `short_repr` shows at most
-`MAX_SHOWN_CHARS` characters of any value (a long string keeps its head and tail, a big
-mapping or list its first entries), and it never walks more of a structure than it shows,
-so quoting a YAML alias bomb costs nothing.
+"""User text: how a user's value is quoted in a message, and which strings a config may hold.
 
     short_repr("a" * 10_000)          'aaaa...aaaa' in 200 characters
     short_repr({"k": [1] * 10**6})    {'k': [1, 1, 1, 1, 1, 1, 1, 1, ...]}
 
-Text in a config is valid Unicode without NUL: a lone surrogate (what Python makes of
-command-line bytes that are not UTF-8) cannot be written to a JSON file, a terminal or a
-file name, and NUL cannot be part of a path or of a C string.
+A quote is at most `MAX_SHOWN_CHARS` characters and walks no more of a structure than it
+shows, so quoting a YAML alias bomb costs nothing. Config text is valid Unicode without
+NUL: a lone surrogate (command-line bytes that are not UTF-8) cannot be written to JSON, a
+terminal or a file name, and NUL cannot be part of a path or a C string.
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
-"""What `ardiff bench --preview` and `--plot PATH` add to the paged/dense numbers.
+"""What `ardiff bench --preview` and `--plot PATH` add to the bench's numbers.
 
-`--preview`: the config's rollout run whole (`run_rollout`, its video written to a
-temporary folder) as `ardiff rollout` runs it in a terminal without `--preview` (the
-progress bar) and with it (the frames above the bar), alternating (without, with,
-without, with, ...), `--repeats` times. The rollout's own time (`rollout_s`: blocks,
-encoding and callbacks, not loading) is compared; the target is at most 5% more.
-Both draw into a terminal-sized truecolor console writing to /dev/null, so this is
-ardiff's own cost (scaling, cells, Rich); a terminal emulator drawing the bytes
-runs in another process.
+`--preview`: the config's rollout run whole (`run_rollout`, its video in a temporary
+folder) without and with the live preview, alternating, `--repeats` times; the rollout's
+own time (`rollout_s`) and the time spent in callbacks are set against PREVIEW_TARGET.
+Both draw into a terminal-sized truecolor console writing to /dev/null: ardiff's own cost,
+not the terminal emulator's.
 
-`--plot PATH`: one more rollout, recorded block by block and drawn as `ardiff
-rollout --report` draws it (ardiff.rollout.figure).
+`--plot PATH`: one more rollout, recorded block by block and drawn as `ardiff rollout
+--report` draws it (ardiff.rollout.figure).
 """
 
 from __future__ import annotations

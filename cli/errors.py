@@ -14,7 +14,7 @@ from ardiff.errors import EXIT_FAILED, EXIT_INTERRUPTED, ArdiffError
 
 @contextlib.contextmanager
 def handle_errors(debug: bool) -> Iterator[None]:
-    """Turn ardiff errors into `error: ...` on stderr and their exit code (DESIGN §7).
+    """Turn ardiff errors into `error: ...` on stderr and their exit code (docs/errors.md).
 
     KeyboardInterrupt (Ctrl-C, or a signal through `ardiff_cli.signals`) is `error:
     interrupted [by SIGNAL]`, exit 130. SystemExit while loading or running a pipeline

@@ -1,11 +1,11 @@
 """The `ardiff` root: a short app that registers one module per command.
 
-Exit codes (ardiff.errors): 0 ok, 1 the run failed, 2 bad usage, config or spec, 3 does not
-fit in memory, 130 interrupted (SIGINT, SIGTERM or SIGHUP: see ardiff_cli.signals). Output
-that cannot be written to stdout (a pipe its reader closed first, as `| head -c 10` does
-once the output outgrows the pipe's buffer; a full disk) ends the command with exit 1 and
-no traceback: silently for a closed pipe, with one `error: stdout: ...` line otherwise. Files the command wrote (videos, `--json
-PATH`) are complete by then.
+Exit codes (ardiff.errors; docs/errors.md): 0 ok, 1 the run failed, 2 bad usage, config
+or spec, 3 does not fit in memory, 130 interrupted (SIGINT, SIGTERM or SIGHUP:
+ardiff_cli.signals). Stdout that cannot be written (a pipe its reader closed, as
+`| head -c 10` does; a full disk) ends the command with exit 1 and no traceback: silently
+for a closed pipe, else with one `error: stdout: ...` line. Files already written
+(videos, `--json PATH`) are complete by then.
 """
 
 from __future__ import annotations

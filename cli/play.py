@@ -1,13 +1,11 @@
 """`ardiff play [CONFIG]`: steer an action-conditioned pipeline from the keyboard, live.
 
-One AR block per tick, a tick lasting the block's frames at the output's frame rate
-(a model slower than that runs block after block). A tick's action is the last
-mapped key pressed during it, or the idle action when none was; the key map comes
-from the config's `play` section (ardiff.config.play) and is printed at start. `q`
-or Ctrl-C ends the game. The run is the rollout job's (ardiff.rollout.job, with a
-live block source, ardiff.rollout.live): the video is encoded as it comes and the
-action log, written at the end, replays frame for frame with `ardiff rollout
---actions LOG --frames N --seed S`.
+One AR block per tick; a tick lasts the block's frames at the output's frame rate (a
+slower model runs block after block). A tick's action is the last mapped key pressed
+during it, else the idle action (the config's `play` section, printed at start); `q` or
+Ctrl-C ends the game. The run is the rollout job's with a live block source
+(ardiff.rollout.live): the video is encoded as it comes, and the action log replays frame
+for frame with `ardiff rollout --actions LOG --frames N --seed S`.
 """
 
 from __future__ import annotations

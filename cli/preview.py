@@ -1,17 +1,13 @@
 """The newest frame, drawn in the terminal: truecolor half-block cells through Rich.
 
-Each character cell shows two pixels, one above the other: `▀` with the upper pixel
-as its colour and the lower one as its background. The frame is scaled (nearest
-neighbour, square pixels) to fit the room the console gives it, and cells of one
-colour pair in a row are drawn as one run, so a frame costs a few hundred segments.
-
     top pixel    ▀▀▀▀   foreground
     bottom pixel ▀▀▀▀   background
 
-`RolloutPreview` is the `on_event` callback of `ardiff rollout --preview`: one Rich
-`Live` holding the frame above the progress line, redrawn at most `fps` times a
-second and in at most DRAW_BUDGET of the time (a frame that arrives sooner is
-skipped; a later one is drawn).
+Each cell shows two pixels: `▀` in the upper pixel's colour on the lower pixel's. The frame
+is scaled (nearest neighbour, square pixels) to the console's room, and a row's cells of
+one colour pair are drawn as one run. `RolloutPreview` is the `on_event` of `ardiff rollout
+--preview`: one Rich `Live`, the frame above the progress line, redrawn at most `fps`
+times a second and in at most DRAW_BUDGET of the time (a frame that comes sooner is skipped).
 """
 
 from __future__ import annotations

@@ -1,31 +1,17 @@
 """SIGINT, SIGTERM and SIGHUP mean one thing for every command: stop, but leave the files whole.
 
     with StopSignals() as signals, handle_errors(debug):
-        ...                              a signal raises KeyboardInterrupt(name): nothing to lose
-        signals.follow(stop)             a rollout: raise only while `stop.is_interruptible`
-                                         (loading, warmup); else `stop.request(name)`, and the
-                                         job stops at its next safe point and finalises
-        signals.hold()                   writing output: record signals, never raise
+        ...                        a signal raises KeyboardInterrupt(name): nothing to lose
+        signals.follow(stop)       a rollout: raise only while `stop.is_interruptible`
+                                   (loading, warmup), else `stop.request(name)`
+        signals.hold()             writing output: record signals, never raise
 
-The first signal that may raise does, once: any later one only waits, so the
-cleanup the first one started (closing the runner, finalising a file, writing
-the stats) is never cut short. A signal that waits prints one line on stderr
-(`stopping ...` for the first, `finalising...` after), and the command exits as
-its work ends: 130 when a signal stopped it, its own code when the work was
-already done. The handlers are installed only in the main thread and restored
-on exit, except in the `ardiff` script (`end_with_the_process`): there the
-process ends with the command, so a signal that comes after the work is done
-(during interpreter shutdown) is ignored and the exit code stays the one the
-stats report. Background jobs of a non-interactive shell ignore SIGINT; a
-signal ignored when the command starts stays ignored.
-
-"First" means first to arrive. CPython runs the Python handlers of signals that are
-pending together (two that came while the main thread was in C code or waiting for the
-GIL: a `kill -TERM` then `kill -HUP` a few ms apart, mid-block) in signal-number order,
-SIGHUP (1) before SIGINT (2) before SIGTERM (15), whatever their order. So the handlers
-read the order off `signal.set_wakeup_fd`, which CPython writes from its C-level handler
-as each signal comes (`ArrivalOrder`). Only signals the kernel holds pending together,
-before any thread of the process has run, come out lowest number first there too.
+At most one signal raises; later ones only wait, with one line on stderr, so the cleanup
+the first one started is never cut short. "First" means first to arrive, read off
+`signal.set_wakeup_fd` (`ArrivalOrder`), because CPython runs the handlers of signals
+pending together in signal-number order. Handlers live in the main thread; a signal
+ignored at start stays ignored; under the `ardiff` script (`end_with_the_process`) they
+give way to SIG_IGN, so a signal during interpreter shutdown cannot change the exit code.
 """
 
 from __future__ import annotations

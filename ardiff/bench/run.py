@@ -1,16 +1,15 @@
 """`run_bench`: every arm over one loaded pipeline, alternating block by block.
 
-    arms:  paged, dense (ardiff's two KV backends), reference (a hand-written loop over
-           the same weights, where one ships), compiled (paged with runtime.compile)
-    repeat r:  each arm opens a fresh session and fills its window (untimed), then
-               block i runs on every arm in turn, the order rotating and reversing
-               per block: paged dense ref comp | comp ref dense paged | dense ref comp
-               paged | paged comp ref dense | ...
+    arms:      each KV backend (ardiff.kv.backends), reference (a hand-written loop over
+               the same weights, where one ships), compiled (paged with runtime.compile)
+    repeat r:  each arm opens a fresh session and fills its window (untimed); then block i
+               runs on every arm in turn, the order rotating and reversing per block:
+               paged dense ref comp | comp ref dense paged | dense ref comp paged | ...
 
-Block i of every arm does the same work at nearly the same moment, so per-block ratios
-(paired) cancel most of what a loaded machine does to the times; medians and p10-p90 of
-those ratios are the result. Torch runs `threads` threads (default 1) so the model's
-work is on the calling thread and its CPU time (`time.thread_time`) is measured too.
+Block i of every arm runs at nearly the same moment, so paired per-block ratios cancel
+most of what a loaded machine does to the times; their medians and p10-p90 are the
+result. Torch runs `threads` threads (default 1), so the model thread's CPU time
+(`time.thread_time`) is measured too.
 """
 
 from __future__ import annotations
@@ -157,7 +156,8 @@ def _alternate(arms: list[Arm], blocks: int, rep: int) -> None:
 def block_order(arms: list, step: int) -> list:
     """The arms' order for one step: rotated by `step // 2`, and reversed on odd steps, so
     every arm runs first and last equally often and follows each of the others (a fixed
-    cyclic order always ran `paged` right after `compiled`, which cost it ~2%)."""
+    cyclic order always ran `paged` right after `compiled`, which measurably slowed it;
+    docs/performance.md)."""
     first = (step // 2) % len(arms)
     order = arms[first:] + arms[:first]
     return order[::-1] if step % 2 else order

@@ -2,14 +2,12 @@
 
     report = measure_speedup(config, workers=2, repeats=3)
 
-Runs alternate (1, N, 1, N, ...) so a machine whose load changes hurts both alike; each
-run is the whole job as `ardiff rollout --workers K` runs it (K rank processes spawned,
-weights loaded, warmed up, every prompt rolled out and written), the one-worker arm in
-one spawned rank too, so both pay the same start-up. Outputs go to a scratch folder as
-`.npy`, so the frames of the two arms are compared exactly too. Threads per rank follow
-`runtime.parallel.threads` (auto: cores / ranks, so one worker gets every core).
-The speedup is the median one-worker wall time over the median N-worker one, printed
-beside the ideal (N) and the machine's load average; nothing here is a pass/fail test.
+Runs alternate (1, N, 1, N, ...) so a changing machine load hurts both alike. Each run is
+the whole job as `ardiff rollout --workers K` runs it (K spawned ranks; the one-worker arm
+spawns one too, so both pay the same start-up), with threads per rank from
+`runtime.parallel.threads`. Outputs go to a scratch folder as `.npy`, so the arms' frames
+are compared exactly. The speedup is the ratio of median wall times, printed beside the
+ideal (N) and the load average; nothing here is a pass/fail test.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from ardiff.config.run import RunConfig, with_base_dir
 from ardiff.errors import RunError
 from ardiff.launch.parent import run_parallel_rollout
 
-TARGET_WALL_RATIO = 0.6  # README: N = 2 workers on 2 cores take <= 0.6x one worker's time
+TARGET_WALL_RATIO = 0.6  # docs/several-devices.md: 2 workers on 2 cores take <= 0.6x one's time
 
 
 @dataclass

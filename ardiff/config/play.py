@@ -1,19 +1,14 @@
 """The `play` section of a run config: which keys steer an action-conditioned pipeline.
 
     play:
-      keys:                 # action -> the keys that choose it (default: see below)
-        left: [left, a]
-        right: [right, d]
-      idle: none            # the action of a tick with no key pressed
+      keys: {left: [left, a], right: [right, d]}   # action -> its keys (default: below)
+      idle: none                                    # the action of a tick with no key
+    key_map(play, pipeline.action_names)            # -> KeyMap; ConfigError: unknown action
 
-A key is an arrow (`up`, `down`, `left`, `right`), `space`, `enter`, `tab`, or one
-printable character; `q` and Ctrl-C are reserved (they end `ardiff play`). Without
-`keys`, the pipeline's actions named `left`, `right`, `up` and `down` get their arrow
-and W/A/S/D, and every other action except the idle one gets a digit, 1 to 9, in the
-order the pipeline declares them. Without `idle`, the pipeline's first action is it.
-
-`key_map(play, action_names)` checks the section against the pipeline's actions (a
-pipeline declares them as `action_names`) and returns the resolved `KeyMap`.
+A key is an arrow (`up`, `down`, `left`, `right`), `space`, `enter`, `tab` or one printable
+character; `q` and Ctrl-C are reserved (they end the game). Without `keys`, actions named
+left/right/up/down get their arrow and W/A/S/D, every other non-idle action a digit 1-9 in
+the pipeline's order. Without `idle`, the pipeline's first action is it.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
-"""The run config: one typed, frozen object per section, validated when built.
+"""The run config: one typed, frozen pydantic dataclass per section, validated when built.
 
-A YAML file has five sections — `pipeline`, `runtime`, `warmup`, `rollout`,
-`output` — and every key has its default here and nowhere else. CLI flags and
-`--set a.b.c=value` overrides edit the same plain data before it is built, so
-they get the same validation and the same error messages.
+    config = load_config("run.yaml", ["runtime.kv.window_frames=12"])   # or build_config(data)
 
-The sections are pydantic dataclasses: pydantic checks the types (strictly: `"12"`
-is not an integer, `1` is not `true`), the bounds and the unknown keys, and
-`ardiff.config.schema` turns what it finds into one `ConfigError` line. The same
-classes give the JSON Schema editors use (`config_json_schema`).
-
-Every number has bounds, so what passes here does not fail later: counts and sizes have
-a ceiling (`MAX_FRAMES`, `MAX_SEED`, ...; README "Configs" lists them with their reasons),
-floats are finite. Text is valid Unicode without NUL (`ardiff.text`). YAML is read
-with limits (`ardiff.config.yaml_loader`): no duplicate keys, no alias bombs.
+Sections: `pipeline`, `runtime`, `warmup`, `rollout`, `output`, `play`. Every default lives
+here and nowhere else; CLI flags and `--set` edit the same plain data before it is built,
+so they get the same checks and the same one-line messages (`ardiff.config.schema`).
+Types are strict (`"12"` is not an integer), unknown keys are errors, every number has a
+ceiling (`ardiff.limits`; docs/configs.md gives the reasons), floats are finite, text is
+valid Unicode without NUL, and YAML is read with limits (`ardiff.config.yaml_loader`).
+A field's docstring is its description in the JSON Schema (`config_json_schema`).
 """
 
 from __future__ import annotations

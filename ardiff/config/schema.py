@@ -1,17 +1,13 @@
-"""Validate plain config data with pydantic; report what is wrong as one `ConfigError` line.
-
-pydantic checks the sections (`ardiff.config.run`) and lists every problem it finds.
-A user gets one line for the first of them, in the order a reader meets them (a
-section's unknown keys before its values), that names the dotted path, the value,
-the rule and the fix:
+"""Validate plain config data with pydantic; report the first problem as one `ConfigError` line.
 
     runtime.kv.windw_frames: unknown key; did you mean 'window_frames'?
     rollout.frames: expected an integer, got 'many' (str)
     runtime.kv.backend: 'flat' (str) is not allowed; use one of 'paged', 'dense'
 
-Rules written as validators raise `ValueError("<value> ...; <fix>")`; the path is put
-in front here. A value (or a key) is quoted in at most `MAX_SHOWN_CHARS` characters
-(`ardiff.text`), so no message grows with the input.
+The line names the dotted path, the value, the rule and the fix, for the problem a reader
+meets first (a section's unknown keys before its values). Validators raise
+`ValueError("<value> ...; <fix>")`; the path is put in front here. Values and keys are
+quoted with `ardiff.text`, so no message grows with the input.
 """
 
 from __future__ import annotations

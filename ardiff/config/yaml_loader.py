@@ -1,20 +1,13 @@
 """YAML with limits: `safe_load` for run configs, `--set` values and the files a config names.
 
-PyYAML's safe loader builds only plain data, but it trusts the document's shape: an
-alias repeats a whole subtree, so nine nested aliases in 500 bytes stand for a billion
-values (a "billion laughs"), and whatever walks the result (validation, a copy, a message
-that quotes it) takes minutes and gigabytes. It also keeps the second of two equal keys
-without a word. Before building anything, `safe_load` refuses
+    data = safe_load(text, "run.yaml")      # plain data; ConfigError naming "run.yaml"
 
-- a key written twice in one mapping (the message names the key and both lines);
-- aliases that repeat more than `MAX_ALIAS_NODES` nodes in all (a document without
-  aliases is never refused for its size);
-- a node that contains itself through an alias, and nesting deeper than `MAX_DEPTH`
-  (counting the levels aliases add: deep data overflows Python's recursion later);
-
-and reports a character YAML does not allow (a control character) at its line and column.
-Malformed YAML raises `yaml.MarkedYAMLError` as `yaml.safe_load` would; the limits raise
-`ConfigError` naming the source.
+PyYAML's safe loader trusts the document's shape (nine nested aliases in 500 bytes stand
+for a billion values) and keeps the second of two equal keys without a word. Before
+building anything, `safe_load` refuses a key written twice in one mapping (naming both
+lines), aliases that repeat more than `MAX_ALIAS_NODES` nodes in all, a node that contains
+itself, and nesting deeper than `MAX_DEPTH` (aliases included); a control character is a
+syntax error at its line and column. Malformed YAML raises `yaml.MarkedYAMLError`.
 """
 
 from __future__ import annotations

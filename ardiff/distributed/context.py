@@ -1,10 +1,9 @@
 """What a pipeline sees of CFG-parallel: the branch it runs and an all-gather of a prediction.
 
-Under `runtime.parallel.cfg: 2` the two guidance branches run side by side, one per rank
-of a CFG group, both at `local_index` 0 (the upstream contract allows branches to share a
-slot "when each worker executes only one branch"). Each denoising step every rank
-predicts its own branch, all-gathers the predictions (rank order = branch order:
-positive, negative) and mixes the guidance itself, so every rank holds the same latents:
+Under `runtime.parallel.cfg: 2` the two guidance branches run one per rank of a CFG group,
+both at `local_index` 0 (the upstream contract allows a shared slot "when each worker
+executes only one branch"). Each denoising step every rank predicts its branch, all-gathers
+(rank order = branch order) and mixes the guidance, so every rank holds the same latents:
 
     rank 0:  predict(positive) --+-- all_gather --> [pos, neg] --> mix --> same x
     rank 1:  predict(negative) --+

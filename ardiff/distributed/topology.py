@@ -97,7 +97,7 @@ def pick_backend(backend: str, device: str) -> str:
 
 def rank_threads(threads: int | str, cores: int, local_world_size: int) -> int:
     """Intra-op threads of a rank: the setting, or `auto` = cores / ranks on this host
-    (two ranks of 2 threads each on 2 cores run ~4x slower than with 1 each)."""
+    (ranks whose threads outnumber the cores run far slower: docs/several-devices.md)."""
     if threads != "auto":
         return int(threads)
     return max(1, cores // local_world_size)

@@ -3,17 +3,15 @@
     check_figure_path(path, "--report")          before the run: format and matplotlib
     write_figure(timeline, path, title, summary)  after it: .png, .svg or .html
 
-Drawn with matplotlib, an optional extra (`pip install 'ardiff[plot]'`), through
-`matplotlib.figure.Figure` (no pyplot, no GUI backend, safe in threads and on
-servers). The .html file is self-contained: the figure as inline SVG and the
-run's summary numbers beside it.
-
     +-----------------------------------------------+
     | latency per block (ms)                        |
     | KV pages in use                               |
     | RSS (MiB)                                     |
     | [frame 0] [frame 13] [frame 27] ... [frame N] |
     +-----------------------------------------------+
+
+matplotlib (an optional extra, `ardiff[plot]`) is used through `Figure` only: no pyplot,
+no GUI backend, safe in threads and on servers. The .html inlines the SVG and a summary.
 """
 
 from __future__ import annotations

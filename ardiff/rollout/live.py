@@ -4,13 +4,11 @@
     report = run_rollout(config, on_event, stop, blocks=blocks)
     write_action_log(path, blocks.log)    # replays with `rollout.actions: path`
 
-`LiveBlocks` is a block source for `run_rollout` (ardiff.rollout.job): the job still
-loads, warms up, writes the video, polls its stop and reports; only the actions of each
-block come from the caller, who may take its time (`ardiff play` waits for the next tick
-of the output's frame rate and reads the keyboard meanwhile). It drives the plan's first
-stream and stops when `choose` returns None or the stream has `rollout.frames` frames.
-The log holds exactly the actions of the blocks that ran, so the same config, seed and
-frame count with `rollout.actions` set to it makes the same frames.
+The job still loads, warms up, writes, polls its stop and reports; only each block's
+actions come from the caller, who may take its time (`ardiff play` waits for its tick).
+It drives the plan's first stream until `choose` returns None or the stream is full. The
+log holds exactly the actions of the blocks that ran, so the same config, seed and frame
+count with `rollout.actions` set to it makes the same frames.
 """
 
 from __future__ import annotations

@@ -4,13 +4,10 @@
     check_run_paths(written, read)                          # no two of them are one file
     check_rollout_paths(config, config_file=..., stats_file=...)   # all of a rollout's
 
-A run writes its outputs (one video or PNG folder per stream) and maybe a stats
-file (`--json`); it reads its config, and maybe a prompts and an actions file.
-Every written path must be a file of its own: not another output, not an input.
-"One file" is decided on the resolved path, whatever the spelling (`~`,
-relative or absolute, `a/../b`, symlinks), and by device and inode (hard links
-too) when it exists. Only strings and the file system are read; nothing is
-created.
+Every written path (outputs, `--json`) is a file of its own: not another output, not an
+input (config, prompts, actions). "One file" means one resolved path, whatever the
+spelling (`~`, relative, `a/../b`, symlinks), or one device and inode when it exists (hard
+links). Only strings and the file system are read; nothing is created.
 """
 
 from __future__ import annotations

@@ -11,13 +11,11 @@ INTERRUPTIBLE_PHASES = ("loading", "warmup")  # nothing on disk yet: an exceptio
 
 
 class RolloutStop:
-    """A cooperative stop shared by a caller and one job.
-
-    `request(reason)` asks the job to stop at its next safe point; it only sets an
-    attribute, so a signal handler may call it. `reason` is the first request (None:
-    go on). `phase` is set by the job: `loading`, `warmup`, `rollout`, `finalising`,
-    `done`; `is_interruptible` says whether a KeyboardInterrupt raised now would find
-    no file open (the job still reports it as `interrupted`).
+    """`request(reason)` asks the job to stop at its next safe point; it only sets an
+    attribute, so a signal handler may call it. `reason` is the first request (None: go
+    on). `phase` is set by the job: `loading`, `warmup`, `rollout`, `finalising`, `done`;
+    `is_interruptible` says whether a KeyboardInterrupt raised now would find no file
+    open (the job still reports it as `interrupted`).
     """
 
     def __init__(self) -> None:
