@@ -13,8 +13,10 @@ from pathlib import Path
 import typer
 
 from ardiff.errors import EXIT_FAILED
-from ardiff_cli import options, picture, signals
-from ardiff_cli.errors import handle_errors
+from ardiff_cli import _options as options
+from ardiff_cli import _picture as picture
+from ardiff_cli import _signals as signals
+from ardiff_cli._errors import handle_errors
 
 STARTUP_RUNS = 5
 
@@ -92,13 +94,13 @@ def bench_command(
             options.check_json_path(json_path, config)
             drawing = picture.RunPicture(plot, "--plot")
             from ardiff.bench import run_bench  # imports torch
-            from ardiff_cli import bench_preview
             from ardiff.bench.spread import Spread
             from ardiff.config.run import load_config
+            from ardiff_cli import _bench_preview as bench_preview
 
             run_config = load_config(config, list(overrides or []))
             if workers is not None:
-                from ardiff_cli import speedup
+                from ardiff_cli import _speedup as speedup
 
                 return speedup.run(run_config, workers, repeats, json_path)
             say = lambda msg: print(f"bench: {msg}", file=sys.stderr)  # noqa: E731
@@ -134,7 +136,8 @@ def _config_file(config: Path | None) -> str | None:
 
 def _emit(data: dict, json_path: str | None, config: str, markdown: bool) -> None:
     """The JSON (stdout or a file) and the table; exit 1 when the file cannot be written."""
-    from ardiff_cli import bench_preview, bench_table
+    from ardiff_cli import _bench_preview as bench_preview
+    from ardiff_cli import _bench_table as bench_table
 
     if json_path == "-":
         print(json.dumps(data, indent=2))

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ardiff_cli import options, signals
-from ardiff_cli.errors import handle_errors
+from ardiff_cli import _options as options
+from ardiff_cli import _signals as signals
+from ardiff_cli._errors import handle_errors
 
 
 def inspect_spec_command(
@@ -23,7 +24,7 @@ def inspect_spec_command(
 ) -> None:
     """Show the KV spec a pipeline declares and the memory plan for it (dry run)."""
     from ardiff.engine.build import inspect_spec  # the config layer: only when the command runs
-    from ardiff_cli import render  # rich: only when the command runs
+    from ardiff_cli import _render as render  # rich: only when the command runs
 
     with signals.StopSignals() as stop_signals:
         with handle_errors(debug):

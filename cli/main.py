@@ -2,7 +2,7 @@
 
 Exit codes (ardiff.errors; docs/errors.md): 0 ok, 1 the run failed, 2 bad usage, config
 or spec, 3 does not fit in memory, 130 interrupted (SIGINT, SIGTERM or SIGHUP:
-ardiff_cli.signals). Stdout that cannot be written (a pipe its reader closed, as
+ardiff_cli._signals). Stdout that cannot be written (a pipe its reader closed, as
 `| head -c 10` does; a full disk) ends the command with exit 1 and no traceback: silently
 for a closed pipe, else with one `error: stdout: ...` line. Files already written
 (videos, `--json PATH`) are complete by then.
@@ -17,7 +17,8 @@ import sys
 import typer
 
 from ardiff.errors import EXIT_FAILED, EXIT_INTERRUPTED
-from ardiff_cli import bench, config_schema, inspect_spec, play, rollout, signals, warmup
+from ardiff_cli import _signals as signals
+from ardiff_cli import bench, config_schema, inspect_spec, play, rollout, warmup
 
 app = typer.Typer(
     name="ardiff",

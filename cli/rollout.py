@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import sys
-import traceback
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from ardiff.errors import EXIT_FAILED
 from ardiff.video.formats import output_choices
-from ardiff_cli import options, picture, signals
-from ardiff_cli.errors import handle_errors
+from ardiff_cli import _options as options
+from ardiff_cli import _picture as picture
+from ardiff_cli import _signals as signals
+from ardiff_cli._errors import handle_errors
+from ardiff_cli._run_report import finish_run
 
 
 def _absolute(path: Optional[Path]) -> Optional[str]:
@@ -57,7 +57,7 @@ def rollout_command(
 ) -> None:
     """Generate a video block by block over the paged KV cache (no CONFIG: the embedded default).
 
-    SIGINT, SIGTERM and SIGHUP stop it (ardiff_cli.signals): while loading or warming up at
+    SIGINT, SIGTERM and SIGHUP stop it (ardiff_cli._signals): while loading or warming up at
     once, during the rollout after the block in flight. The videos are finalised with every
     finished frame and the stats written (`interrupted by SIGTERM`), exit 130; a further
     signal waits for that.
@@ -66,8 +66,8 @@ def rollout_command(
         with handle_errors(debug):
             from ardiff.launch.job import run_job  # imports the runtime
             from ardiff.rollout.stop import RolloutStop
-            from ardiff_cli import preview  # numpy: only when a command runs
-            from ardiff_cli import progress  # rich: only when the command runs
+            from ardiff_cli import _preview as preview  # numpy: only when a command runs
+            from ardiff_cli import _progress as progress  # rich: only when the command runs
 
             run_config = options.load_run_config(config, overrides, {
                 "output.path": output, "rollout.frames": frames, "rollout.seed": seed,
@@ -88,43 +88,5 @@ def rollout_command(
         if stop_signals.received and report.status == "ok":
             print(f"{stop_signals.received} came too late to stop anything: the run completed",
                   file=sys.stderr)
-        _finish(report, json_path, quiet, debug, drawing.write(report))
-
-
-def _finish(report, json_path: Optional[str], quiet: bool, debug: bool,
-            picture_error: Optional[str] = None) -> None:
-    """Print and write what the run left; exit with its code (1 if only the stats or the
-    picture failed). A torchrun rank other than 0 writes nothing: rank 0 reports the job."""
-    if not report.is_primary:
-        if report.status != "ok":
-            print(f"error: {' '.join((report.error or report.status).split())}", file=sys.stderr)
-        raise typer.Exit(report.exit_code)
-    json_error = _emit(report, json_path, quiet) or picture_error
-    if report.status != "ok":
-        if json_error:
-            print(f"warning: {json_error}", file=sys.stderr)
-        if debug and report.exception is not None:
-            traceback.print_exception(report.exception)
-        print(f"error: {' '.join((report.error or report.status).split())}", file=sys.stderr)
-        raise typer.Exit(report.exit_code)
-    if json_error:  # the run went well but a script would miss its stats
-        print(f"error: {json_error}", file=sys.stderr)
-        raise typer.Exit(EXIT_FAILED)
-
-
-def _emit(report, json_path: Optional[str], quiet: bool) -> Optional[str]:
-    """Warnings, the JSON and the summary; returns why the JSON file could not be written."""
-    data = report.to_dict()
-    for warning in report.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    json_error = None
-    if json_path == "-":
-        print(json.dumps(data, indent=2))
-    elif json_path:
-        json_error = options.write_json_file(json_path, data, kept="the video is kept; ")
-    if not quiet:
-        from ardiff_cli import render
-
-        render.print_rollout(data, to_stderr=json_path == "-")
-    return json_error
+        finish_run(report, json_path, quiet, debug, drawing.write(report))
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import typer
 
 from ardiff.errors import WarmupError
-from ardiff_cli import options, signals
-from ardiff_cli.errors import handle_errors
+from ardiff_cli import _options as options
+from ardiff_cli import _signals as signals
+from ardiff_cli._errors import handle_errors
 
 
 def warmup_command(
@@ -28,7 +29,7 @@ def warmup_command(
     with signals.StopSignals() as stop_signals:
         with handle_errors(debug):
             from ardiff.engine.build import build_runner  # imports torch: only when it runs
-            from ardiff_cli import render  # rich: only when the command runs
+            from ardiff_cli import _render as render  # rich: only when the command runs
 
             runner = build_runner(options.load_run_config(config, overrides, {
                 "runtime.device": device, "runtime.dtype": dtype,

@@ -3,7 +3,7 @@
     python docs/make_screenshots.py          (matplotlib needed for report.png)
 
 `preview.png`: the embedded default rollout runs with the live preview of `ardiff rollout
---preview` (ardiff_cli.preview) drawing into an off-screen 64 x 34 terminal. Its last
+--preview` (ardiff_cli._preview) drawing into an off-screen 64 x 34 terminal. Its last
 frame and progress line are rendered once more into Rich lines of cells, and each cell
 is painted as a terminal paints it: a half block `▀` is its foreground colour above its
 background colour, any other character is drawn in the font's glyph. `report.png`: the
@@ -20,7 +20,8 @@ from rich.console import Console, Group
 
 from ardiff.config.run import load_config
 from ardiff.rollout.job import run_rollout
-from ardiff_cli import picture, preview
+from ardiff_cli import _picture as picture
+from ardiff_cli import _preview as preview
 
 DOCS = Path(__file__).resolve().parent
 COLUMNS, ROWS = 64, 34           # the terminal the screenshot shows

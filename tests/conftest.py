@@ -87,7 +87,7 @@ def _stop_signals_restored():
     """The `ardiff` script's main() leaves SIG_IGN for the stop signals behind (its process ends
     there); a test that runs it in this process must not leave later tests (and the
     processes they start) ignoring Ctrl-C."""
-    from ardiff_cli import signals
+    from ardiff_cli import _signals as signals
 
     handlers = {signum: signal.getsignal(signum) for signum in signals.STOP_SIGNALS}
     yield

@@ -8,7 +8,7 @@ import os
 import stat
 import threading
 
-from ardiff_cli.options import write_json_file
+from ardiff_cli._options import write_json_file
 
 
 def test_a_new_stats_file_gets_the_usual_permissions_and_no_work_file(tmp_path):

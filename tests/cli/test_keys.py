@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ardiff_cli.keys import parse_keys
+from ardiff_cli._keys import parse_keys
 
 
 @pytest.mark.parametrize("typed, keys", [

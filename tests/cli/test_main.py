@@ -146,3 +146,15 @@ def test_a_flag_that_is_not_a_finite_number_gets_the_configs_range_message(ardif
     assert result.stderr.strip() == (f"error: output.fps: {shown} is invalid; it must be a "
                                      f"finite number; try 16")
     assert not (tmp_path / "x.npy").exists()
+
+
+def test_cli_modules_are_commands_or_private_helpers():
+    """A module of cli/ is a command registered on the app (named for it), or a helper whose
+    name starts with `_`: the public names of `ardiff_cli` are its commands."""
+    import ardiff_cli
+    from ardiff_cli.main import app
+
+    commands = {info.callback.__module__.rsplit(".", 1)[1] for info in app.registered_commands}
+    modules = {path.stem for path in Path(ardiff_cli.__file__).parent.glob("*.py")}
+    public = {name for name in modules if not name.startswith("_")} - {"main"}
+    assert public == commands, f"public non-command modules: {sorted(public - commands)}"

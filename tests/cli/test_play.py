@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from pty_driver import Keys, Wait, run_in_pty
 
 from ardiff.config.play import PlayConfig, key_map
-from ardiff_cli.play import Pacer, describe_keys
-from pty_driver import Keys, Wait, run_in_pty
+from ardiff_cli._play_display import Pacer, describe_keys
 
 REPO = Path(__file__).resolve().parents[2]
 WORLD = ("none", "left", "right", "up", "down")

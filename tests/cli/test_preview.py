@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 from rich.console import Console
 
-from ardiff_cli import preview
+from ardiff_cli import _preview as preview
 
 RED, BLUE, GREEN = (255, 0, 0), (0, 0, 255), (0, 128, 0)
 
@@ -116,7 +116,7 @@ def rollout(ardiff_main, tmp_path, name: str, *args: str):
 def test_preview_on_and_off_give_identical_frames(ardiff_main, tmp_path, monkeypatch):
     screen = io.StringIO()
     monkeypatch.setattr(preview, "wants_preview", lambda *args: True)   # as on a terminal
-    monkeypatch.setattr("ardiff_cli.progress.wants_progress", lambda disabled: not disabled)
+    monkeypatch.setattr("ardiff_cli._progress.wants_progress", lambda disabled: not disabled)
     monkeypatch.setattr(preview, "Console", lambda **kwargs: terminal(screen, 60, 30))
     shown = rollout(ardiff_main, tmp_path, "shown.npy", "--preview")
     assert shown.exit_code == 0, shown.output

@@ -30,9 +30,9 @@ from PIL import Image
 from typer.testing import CliRunner, Result
 
 from ardiff.config.run import load_config
-from ardiff.rollout.streams import iter_rollout, plan_rollout
 from ardiff.engine.build import build_runner
 from ardiff.rollout.report import STATS_SCHEMA
+from ardiff.rollout.streams import iter_rollout, plan_rollout
 from ardiff_cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]

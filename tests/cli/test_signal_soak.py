@@ -75,6 +75,7 @@ def draw_kills(rng: random.Random) -> list[Kill]:
 # -- the zygote (this file as a script) ---------------------------------------------------------
 def serve() -> None:
     import torch  # noqa: F401 - what every rollout imports, once
+
     import ardiff.rollout.job  # noqa: F401
     import ardiff.video.writer  # noqa: F401
     import ardiff_cli.main  # noqa: F401

@@ -1,4 +1,4 @@
-"""SIGINT, SIGTERM and SIGHUP (ardiff_cli.signals): every command stops the same way, and a
+"""SIGINT, SIGTERM and SIGHUP (ardiff_cli._signals): every command stops the same way, and a
 rollout stopped by any of them, at any moment, leaves playable files and its stats.
 
 Two tests (marked slow) signal a real process group from Python: a fresh process, started in
@@ -28,10 +28,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from ardiff.rollout.stop import RolloutStop
 from ardiff.rollout.report import STATS_SCHEMA
+from ardiff.rollout.stop import RolloutStop
+from ardiff_cli._signals import StopSignals
 from ardiff_cli.main import app
-from ardiff_cli.signals import StopSignals
 
 REPO = Path(__file__).resolve().parents[2]
 FAULT_PIPELINES = REPO / "tests" / "support" / "fault_pipelines.py"
@@ -266,7 +266,7 @@ def test_held_signals_only_wait_and_ignored_ones_stay_ignored(capsys):
 
 
 def test_in_the_script_a_signal_after_the_command_is_ignored_so_the_exit_code_stands():
-    from ardiff_cli import signals as module
+    from ardiff_cli import _signals as module
 
     before = {s: signal.getsignal(s) for s in module.STOP_SIGNALS}
     module.end_with_the_process()

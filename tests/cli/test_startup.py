@@ -36,8 +36,8 @@ except SystemExit:
 # What `--help` must not import: the runtime (torch, numpy, video), the config layer (yaml,
 # pydantic, importlib.metadata for entry points) and the Rich tables / progress of commands.
 NOT_FOR_HELP = ("torch", "numpy", "av", "PIL", "yaml", "pydantic", "importlib.metadata",
-                "ardiff.config", "ardiff.engine", "ardiff.bench", "ardiff_cli.render",
-                "ardiff_cli.progress", "ardiff_cli.bench_table", "rich.progress")
+                "ardiff.config", "ardiff.engine", "ardiff.bench", "ardiff_cli._render",
+                "ardiff_cli._progress", "ardiff_cli._bench_table", "rich.progress")
 
 
 @pytest.mark.slow

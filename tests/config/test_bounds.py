@@ -13,10 +13,19 @@ import torch
 from PIL import Image
 
 from ardiff.config.run import build_config
-from ardiff.limits import (MAX_CRF, MAX_FPS, MAX_FRAMES, MAX_NUM_STEPS, MAX_PAGE_TOKENS, MAX_SCALE,
-                           MAX_SEED, MAX_SESSIONS, MIN_FPS)
 from ardiff.contract.spec import DEFAULT_MAX_MODEL_LEN
 from ardiff.errors import ConfigError
+from ardiff.limits import (
+    MAX_CRF,
+    MAX_FPS,
+    MAX_FRAMES,
+    MAX_NUM_STEPS,
+    MAX_PAGE_TOKENS,
+    MAX_SCALE,
+    MAX_SEED,
+    MAX_SESSIONS,
+    MIN_FPS,
+)
 from ardiff.pipelines.shared.sampling import SEED_STRIDE, block_generator
 
 MINIMAL = {"pipeline": {"entry": "pkg.mod:Pipe"}}

@@ -7,10 +7,10 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from config_support import MINIMAL, build, raises, with_section
 
 from ardiff.config.run import KVConfig, PromptSwitch, RuntimeConfig, load_config, with_base_dir
 from ardiff.sizes import MemoryBudget
-from config_support import MINIMAL, build, raises, with_section
 
 # ---- defaults and a full config ------------------------------------------------------------
 

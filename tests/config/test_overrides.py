@@ -4,10 +4,11 @@ values, validation like the file's, and every malformed override with its messag
 from __future__ import annotations
 
 import pytest
+from config_support import MINIMAL, build, raises, with_section
 
 from ardiff.config.run import apply_override, load_config
 from ardiff.sizes import MemoryBudget
-from config_support import MINIMAL, build, raises, with_section
+
 
 def test_overrides_apply_to_nested_keys_and_parse_values_as_yaml(write_config):
     path = write_config("""

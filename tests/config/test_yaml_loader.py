@@ -9,8 +9,8 @@ import textwrap
 import pytest
 import yaml
 
-from ardiff.config.run import build_config, load_config
 from ardiff.config import yaml_loader
+from ardiff.config.run import build_config, load_config
 from ardiff.config.yaml_loader import MAX_ALIAS_NODES, MAX_DEPTH, safe_load
 from ardiff.errors import ConfigError
 from ardiff.rollout.inputs import read_actions

@@ -8,6 +8,7 @@ import contextlib
 
 import pytest
 import torch
+from upstream_pipeline import UpstreamStylePipeline
 
 import ardiff
 from ardiff.contract.base import WARMUP_GUIDANCE, warmup_blocks, warmup_requests
@@ -15,8 +16,6 @@ from ardiff.engine.loader import get_spec
 from ardiff.engine.runner import WARMUP_SESSION_ID, Runner
 from ardiff.kv.backend import create_cache
 from ardiff.kv.plan import make_plan
-
-from upstream_pipeline import UpstreamStylePipeline
 
 # 1 layer x 1 head x 4 dims, 2 tokens per frame, blocks of 2 frames, a 4-frame window, sink 1.
 SPEC = ardiff.ARDiffusionKVCacheSpec(1, 1, 4, 2, 2, 4, (ardiff.ARDiffusionKVBranchSpec("main", 0),),

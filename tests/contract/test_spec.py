@@ -10,15 +10,23 @@ import re
 import pytest
 from spec_pipelines import TINY_SPEC, GoodPipeline, MissingMethodsPipeline
 
-from ardiff.errors import ConfigError, SpecError
+from ardiff.contract import (
+    PIPELINE_METHODS,
+    SupportsARDiffusionBlockGeneration,
+    missing_pipeline_methods,
+)
 from ardiff.contract.spec import ARDiffusionCrossAttentionKVSpec as Cross
 from ardiff.contract.spec import ARDiffusionKVBranchSpec as Branch
 from ardiff.contract.spec import ARDiffusionKVCacheSpec as Spec
-from ardiff.contract import (PIPELINE_METHODS, SupportsARDiffusionBlockGeneration,
-                             missing_pipeline_methods)
-from ardiff.contract.spec import (SupportsARDiffusionPipeline, SupportsARDiffusionWarmup,
-                                  apply_overrides, find_branch, history_frames_per_branch,
-                                  spec_to_dict)
+from ardiff.contract.spec import (
+    SupportsARDiffusionPipeline,
+    SupportsARDiffusionWarmup,
+    apply_overrides,
+    find_branch,
+    history_frames_per_branch,
+    spec_to_dict,
+)
+from ardiff.errors import ConfigError, SpecError
 
 
 def make(**changes) -> Spec:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from ardiff.config.run import build_config
-from ardiff.errors import ConfigError, RunError
 from ardiff.distributed.context import ParallelContext, bind_parallel, cfg_branch_specs
+from ardiff.errors import ConfigError, RunError
 from ardiff.launch.merge import Failure, JobOutcome
 from ardiff.launch.stop import RankStop
 from ardiff.pipelines.tiny_dit import TinyCausalDiT

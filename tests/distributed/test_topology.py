@@ -6,11 +6,19 @@ from __future__ import annotations
 import pytest
 
 from ardiff.config.parallel import ParallelConfig
-from ardiff.errors import ConfigError
 from ardiff.distributed.env import rank_from_env
-from ardiff.distributed.topology import (RankInfo, check_devices, check_streams, local_ranks,
-                                      pick_backend, rank_budget, rank_device, rank_threads,
-                                      replica_streams)
+from ardiff.distributed.topology import (
+    RankInfo,
+    check_devices,
+    check_streams,
+    local_ranks,
+    pick_backend,
+    rank_budget,
+    rank_device,
+    rank_threads,
+    replica_streams,
+)
+from ardiff.errors import ConfigError
 from ardiff.sizes import MemoryBudget
 
 TORCHRUN = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from ardiff.engine import loader
 from ardiff.config.run import PipelineConfig, load_config
-from ardiff.errors import PipelineLoadError, SpecError
+from ardiff.contract.spec import ARDiffusionKVCacheSpec
+from ardiff.engine import loader
 from ardiff.engine.build import inspect_spec
 from ardiff.engine.loader import build_pipeline, get_spec, resolve_entry
-from ardiff.contract.spec import ARDiffusionKVCacheSpec
+from ardiff.errors import PipelineLoadError, SpecError
 
 
 def build(entry: str, base_dir=Path("."), **args):

@@ -17,16 +17,15 @@ import pytest
 
 import ardiff
 from ardiff.config.run import load_config
-from ardiff.kv.plan import make_plan, required_bytes
 from ardiff.engine.build import build_runner
-from ardiff.kv.state import open_state
 from ardiff.engine.runner import WARMUP_SESSION_ID
+from ardiff.kv.plan import make_plan, required_bytes
+from ardiff.kv.state import open_state
 
 PIPELINES_FILE = Path(__file__).parents[1] / "support" / "probe_pipeline.py"
 
 import probe_pipeline as probe
-from runner_support import (HISTORY_PAGES, frame_ids, make_runner, pages_in_use,
-                            probe_config, run)
+from runner_support import HISTORY_PAGES, frame_ids, make_runner, pages_in_use, probe_config, run
 
 
 # -- a session's blocks -----------------------------------------------------------------------

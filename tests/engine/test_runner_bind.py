@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import contextlib
 
+import probe_pipeline as probe
 import pytest
+from runner_support import HISTORY_PAGES, frame_ids, make_runner, pages_in_use, run
 
 import ardiff
 from ardiff.engine.runner import WARMUP_SESSION_ID
-
-import probe_pipeline as probe
-from runner_support import HISTORY_PAGES, frame_ids, make_runner, pages_in_use, run
 
 
 def pairs(session_id: str, n: int) -> list[tuple[str, str]]:

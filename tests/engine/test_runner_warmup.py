@@ -5,18 +5,16 @@ Same probe pipelines as tests/engine/test_runner.py (tests/support/probe_pipelin
 
 from __future__ import annotations
 
+import probe_pipeline as probe
 import pytest
 import torch
+from runner_support import HISTORY_PAGES, frame_ids, make_runner, pages_in_use, probe_config, run
 
 import ardiff
-from ardiff.engine import build as build_module
 from ardiff.config.run import load_config
+from ardiff.engine import build as build_module
 from ardiff.engine.build import build_runner
 from ardiff.engine.runner import WARMUP_SESSION_ID
-
-import probe_pipeline as probe
-from runner_support import (HISTORY_PAGES, frame_ids, make_runner, pages_in_use,
-                            probe_config, run)
 
 
 # -- warmup -----------------------------------------------------------------------------------

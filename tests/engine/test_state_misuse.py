@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import probe_pipeline as probe
 import pytest
 import yaml
+from runner_support import PIPELINES_FILE, frame_ids, make_runner, pages_in_use, run
 
 import ardiff
-import probe_pipeline as probe
-from runner_support import PIPELINES_FILE, frame_ids, make_runner, pages_in_use, run
 
 
 def test_a_stale_block_fails_the_session_closed():

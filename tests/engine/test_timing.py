@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from runner_support import make_runner
 
 import ardiff
 from ardiff.engine import timing
-from runner_support import make_runner
 
 
 class FakeEvent:

@@ -63,11 +63,11 @@ def test_a_backend_added_in_one_table_entry_is_everywhere(tmp_path):
 
 def test_an_unknown_backend_is_refused_with_the_table_names():
     import pytest
+    from kvdrive import make_spec
 
     from ardiff.errors import KVStateError
     from ardiff.kv.backend import create_cache
     from ardiff.kv.plan import make_plan
-    from kvdrive import make_spec
 
     with pytest.raises(KVStateError, match="'flash' is not a backend; use paged or dense"):
         create_cache(make_plan(make_spec(), "float32", 4, 1 << 24), "flash")

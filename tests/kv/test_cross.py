@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kvdrive import CFG_BRANCHES, make_spec, plan_for
 
 from ardiff.errors import KVStateError
 from ardiff.kv.backend import create_cache
 from ardiff.kv.state import open_state
-from kvdrive import CFG_BRANCHES, make_spec, plan_for
 
 L, H, HS = 2, 2, 4
 TEXT, IMAGE = 5, 3  # tokens of the two declared caches

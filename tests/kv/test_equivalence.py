@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from kvdrive import CFG_BRANCHES, Lockstep, drive_random, make_spec
 
 # (sink, window, frames_per_block, tokens_per_frame, page_tokens, cfg branches, registers)

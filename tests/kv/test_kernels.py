@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kvdrive import Lockstep, drive_random, make_spec, plan_for
 
 from ardiff.kv import kernels
 from ardiff.kv.backend import create_cache
 from ardiff.kv.kernels import Kernel
 from ardiff.pipelines.shared.sampling import block_noise
-from kvdrive import Lockstep, drive_random, make_spec, plan_for
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import torch
+from kvdrive import make_spec, plan_for
 
 from ardiff.config.run import load_config, with_base_dir
 from ardiff.contract.forward import RolloutRequest
@@ -15,7 +16,6 @@ from ardiff.errors import ConfigError
 from ardiff.kv.backend import create_cache
 from ardiff.kv.ops import paged_attend
 from ardiff.kv.state import open_state
-from kvdrive import make_spec, plan_for
 
 LAYERS, HEADS, HS, TPF = 2, 2, 8, 4
 

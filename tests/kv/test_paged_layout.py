@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kvdrive import make_spec, plan_for
 
 from ardiff.errors import KVStateError
 from ardiff.kv.backend import create_cache
 from ardiff.kv.state import Block, open_state
-from kvdrive import make_spec, plan_for
 
 LAYERS, HEADS, HS, TPF, REGISTERS = 2, 2, 4, 3, 2
 
@@ -207,8 +207,9 @@ def test_an_eager_cache_loads_no_op_indices_and_its_traced_attend_says_so():
 @pytest.mark.parametrize("max_runs", [0, 1])
 def test_a_scattered_history_is_gathered_and_still_equals_dense(max_runs, monkeypatch):
     """Past MAX_VIEW_RUNS stretches the history is read by one gather instead of views."""
-    from ardiff.kv import storage as storage_module
     from kvdrive import CFG_BRANCHES, Lockstep, drive_random
+
+    from ardiff.kv import storage as storage_module
 
     monkeypatch.setattr(storage_module, "MAX_VIEW_RUNS", max_runs)
     spec = make_spec(num_layers=2, num_kv_heads=2, head_size=4, tokens_per_frame=5,

@@ -13,11 +13,11 @@ import re
 
 import pytest
 
-from ardiff.errors import CapacityError, SpecError
-from ardiff.kv.plan import make_plan, required_bytes
 from ardiff.contract.spec import ARDiffusionCrossAttentionKVSpec as Cross
 from ardiff.contract.spec import ARDiffusionKVBranchSpec as Branch
 from ardiff.contract.spec import ARDiffusionKVCacheSpec
+from ardiff.errors import CapacityError, SpecError
+from ardiff.kv.plan import make_plan, required_bytes
 
 BASE = dict(num_layers=2, num_kv_heads=2, head_size=8, tokens_per_frame=4, frames_per_block=2,
             window_frames=6, sink_frames=0, session_capacity=8, kv_branches=(Branch("main", 0),))

@@ -8,15 +8,22 @@ import contextlib
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kvdrive import (
+    CFG_BRANCHES,
+    InjectedFailure,
+    WindowModel,
+    branch_names,
+    check_pool,
+    make_spec,
+    plan_for,
+)
 
 from ardiff.errors import KVStateError, SessionError
 from ardiff.kv.backend import create_cache
-from ardiff.kv.state import open_state
 from ardiff.kv.pool import PagePool
+from ardiff.kv.state import open_state
 from ardiff.kv.table import PageTable
 from ardiff.kv.window import WindowPolicy
-from kvdrive import (CFG_BRANCHES, InjectedFailure, WindowModel, branch_names, check_pool,
-                     make_spec, plan_for)
 
 SETTINGS = settings(max_examples=60, deadline=None)
 

@@ -7,10 +7,10 @@ import random
 
 import pytest
 import torch
+from kvdrive import CFG_BRANCHES, InjectedFailure, Lockstep, check_pool, make_spec
 
 from ardiff.errors import KVStateError
 from ardiff.kv.state import open_state
-from kvdrive import CFG_BRANCHES, InjectedFailure, Lockstep, check_pool, make_spec
 
 
 def stored_kv(cache, session_id: str, branch: str, layer: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kvdrive import SHARED_SLOT_BRANCHES, make_spec, plan_for
 
 from ardiff.errors import KVStateError, SessionError
 from ardiff.kv.backend import create_cache
 from ardiff.kv.backends import backend_names
 from ardiff.kv.state import open_state
-from kvdrive import SHARED_SLOT_BRANCHES, make_spec, plan_for
 
 BACKENDS = list(backend_names())  # every backend of ardiff.kv.backends
 L, H, HS, TPF, B = 2, 2, 4, 3, 2  # layers, kv heads, head size, tokens per frame, frames per block

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kvdrive import CFG_BRANCHES, make_spec, paged_tables, plan_for
 
+from ardiff.kv import storage as storage_module
 from ardiff.kv.backend import create_cache
 from ardiff.kv.state import open_state
-from ardiff.kv import storage as storage_module
 from ardiff.kv.storage import PagedStorage
-from kvdrive import CFG_BRANCHES, make_spec, paged_tables, plan_for
 
 LAYERS, HEADS, HS = 3, 2, 4
 

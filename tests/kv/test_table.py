@@ -6,13 +6,13 @@ import itertools
 
 import pytest
 import torch
+from kvdrive import WindowModel, check_pool, make_spec, paged_tables, plan_for, sliding_visible
 
 from ardiff.kv.backend import create_cache
-from ardiff.kv.state import open_state
 from ardiff.kv.pool import PagePool
+from ardiff.kv.state import open_state
 from ardiff.kv.table import PageTable
 from ardiff.kv.window import WindowPolicy
-from kvdrive import WindowModel, check_pool, make_spec, paged_tables, plan_for, sliding_visible
 
 
 def commit_frames(table: PageTable, pool: PagePool, num_frames: int, pages_per_frame: int):

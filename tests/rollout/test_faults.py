@@ -38,17 +38,25 @@ import yaml
 from PIL import Image, ImageSequence
 from typer.testing import CliRunner
 
-from ardiff.video import disk, encoders
 from ardiff.rollout.report import STATS_SCHEMA
+from ardiff.video import disk, encoders
 from ardiff_cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]
 ERRORS_PAGE = REPO / "docs" / "errors.md"
 FAULT_PIPELINES = REPO / "tests" / "support" / "fault_pipelines.py"
 
-from fault_cases import (EXACT_FORMATS, FAULTS, FRAMES, LOSSY_TOLERANCE, TABLE_HEADER,
-                         TABLE_RULE, Fault)
+from fault_cases import (
+    EXACT_FORMATS,
+    FAULTS,
+    FRAMES,
+    LOSSY_TOLERANCE,
+    TABLE_HEADER,
+    TABLE_RULE,
+    Fault,
+)
 from fault_pipelines import FRAMES_PER_BLOCK, paint
+
 
 # -- running a fault -----------------------------------------------------------------------------
 @dataclass

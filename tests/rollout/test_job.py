@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from ardiff.video import encoders
 from ardiff.config.run import PromptSwitch, build_config
+from ardiff.engine.build import build_runner
 from ardiff.errors import ConfigError, OutputPathError, PipelineError
 from ardiff.rollout.job import run_rollout
-from ardiff.rollout.streams import build_request, check_capacity, iter_rollout, plan_rollout
-from ardiff.engine.build import build_runner
 from ardiff.rollout.report import STATS_SCHEMA
+from ardiff.rollout.streams import build_request, check_capacity, iter_rollout, plan_rollout
+from ardiff.video import encoders
 
 PIPELINES_DIR = Path(__file__).parents[1] / "support"
 

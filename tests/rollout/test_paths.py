@@ -22,9 +22,9 @@ from typer.testing import CliRunner
 
 from ardiff.config.run import build_config
 from ardiff.errors import ConfigError, OutputPathError
+from ardiff.path_text import check_path_text
 from ardiff.rollout.inputs import output_path_for, read_actions, read_prompts
 from ardiff.rollout.job import run_rollout
-from ardiff.path_text import check_path_text
 from ardiff.rollout.paths import check_rollout_paths, check_run_paths, is_same_file
 from ardiff_cli.main import app
 

@@ -8,8 +8,13 @@ import json
 import jsonschema
 import pytest
 
-from ardiff.rollout.report import (STATS_SCHEMA, OutputRecord, RolloutReport, peak_rss_bytes,
-                          percentile)
+from ardiff.rollout.report import (
+    STATS_SCHEMA,
+    OutputRecord,
+    RolloutReport,
+    peak_rss_bytes,
+    percentile,
+)
 
 KV = {"backend": "paged", "pages_total": 43, "pages_in_use": 0, "pages_peak": 13,
       "kv_bytes_allocated": 1_409_024, "cross_attention_bytes": 0, "session_capacity": 4,

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from ardiff.config.run import build_config
-from ardiff.rollout.streams import iter_rollout, plan_rollout
 from ardiff.engine.build import build_runner
 from ardiff.engine.runner import Runner
+from ardiff.rollout.streams import iter_rollout, plan_rollout
 
 SOAK_FRAMES = 10_000
 RSS_BASELINE_FRAMES = 1_000

@@ -8,11 +8,11 @@ import dataclasses
 import re
 
 import pytest
+from rollout_pipelines import RecordingPipeline
 
 from ardiff.config.run import PromptSwitch, build_config
 from ardiff.errors import ConfigError
 from ardiff.rollout.streams import build_request, plan_rollout, walk_blocks
-from rollout_pipelines import RecordingPipeline
 
 FIRST, PER, LATENT = 9, 12, 3
 

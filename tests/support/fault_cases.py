@@ -112,7 +112,7 @@ FAULTS = [
 ]
 
 
-# Signals reach ardiff_cli.signals' handlers: the pipeline sends one to its own process (or
+# Signals reach ardiff_cli._signals' handlers: the pipeline sends one to its own process (or
 # the encoder thread to the main thread, while it finishes the file), as `kill` or a second
 # Ctrl-C would. Real process groups: tests/cli/test_signals.py.
 SIGNAL_FAULTS = [

@@ -14,13 +14,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ardiff.contract.spec import (
+    ARDiffusionCrossAttentionKVSpec,
+    ARDiffusionKVBranchSpec,
+    ARDiffusionKVCacheSpec,
+)
 from ardiff.dtypes import DTYPE_BYTES
 from ardiff.kv.backend import create_cache
-from ardiff.kv.state import open_state
 from ardiff.kv.paged import PagedKVCache
 from ardiff.kv.plan import KVPlan, make_plan
-from ardiff.contract.spec import (ARDiffusionCrossAttentionKVSpec, ARDiffusionKVBranchSpec,
-                         ARDiffusionKVCacheSpec)
+from ardiff.kv.state import open_state
 
 BIG_BUDGET_BYTES = 1 << 40  # capacity is then bounded by the spec / max_sessions only
 CFG_BRANCHES = (ARDiffusionKVBranchSpec("positive", 0), ARDiffusionKVBranchSpec("negative", 1))

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import probe_pipeline as probe
 import yaml
 
 import ardiff
-import probe_pipeline as probe
-from ardiff.kv.backend import create_cache
-from ardiff.kv.plan import make_plan
 from ardiff.engine.loader import get_spec
 from ardiff.engine.runner import Runner
+from ardiff.kv.backend import create_cache
+from ardiff.kv.plan import make_plan
 
 PIPELINES_FILE = Path(__file__).parent / "probe_pipeline.py"
 BIG_BUDGET = 1 << 30

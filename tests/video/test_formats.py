@@ -9,13 +9,13 @@ import sys
 
 import numpy as np
 import pytest
-from ardiff_cli.rollout import rollout_command
 
 from ardiff.bench.encode import encoded_suffixes
 from ardiff.errors import ConfigError, OutputPathError
 from ardiff.video import disk, encoders, formats
 from ardiff.video.formats import DIRECTORY, FORMATS, Codec, OutputFormat
 from ardiff.video.writer import VideoWriter, check_output_path
+from ardiff_cli.rollout import rollout_command
 
 SHIPPED_HELP = "Output video: .mp4 .mkv .webm .gif .webp .npy or a directory (PNG frames)."
 

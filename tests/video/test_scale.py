@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ardiff.limits import MAX_SCALE
 from ardiff.errors import ConfigError
+from ardiff.limits import MAX_SCALE
 from ardiff.video import pixels
 from ardiff.video.writer import VideoWriter, check_output_path
 

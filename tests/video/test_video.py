@@ -14,10 +14,15 @@ import pytest
 import torch
 from PIL import Image
 
-from ardiff.video import codecs, encoders, pixels
 from ardiff.errors import ConfigError, EncoderError, OutputPathError
-from ardiff.video.writer import (ENCODE_BATCH_BLOCKS, SUPPORTED_EXTENSIONS, VideoInfo, VideoWriter,
-                                 check_output_path)
+from ardiff.video import codecs, encoders, pixels
+from ardiff.video.writer import (
+    ENCODE_BATCH_BLOCKS,
+    SUPPORTED_EXTENSIONS,
+    VideoInfo,
+    VideoWriter,
+    check_output_path,
+)
 
 H, W = 16, 24
 

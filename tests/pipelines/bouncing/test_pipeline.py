@@ -16,16 +16,16 @@ import torch
 
 import ardiff
 from ardiff.config.run import load_config
-from ardiff.rollout.job import run_rollout
+from ardiff.engine.loader import get_spec
+from ardiff.engine.runner import Runner
 from ardiff.kv.backend import create_cache
 from ardiff.kv.plan import make_plan
-from ardiff.engine.loader import get_spec
+from ardiff.kv.state import open_state
 from ardiff.pipelines.bouncing import BouncingWorld, sim
 from ardiff.pipelines.bouncing.checkpoint import load_weights
 from ardiff.pipelines.bouncing.config import BouncingConfig
 from ardiff.pipelines.bouncing.training import locator
-from ardiff.kv.state import open_state
-from ardiff.engine.runner import Runner
+from ardiff.rollout.job import run_rollout
 
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_CONFIG = REPO / "configs" / "default.yaml"

@@ -6,8 +6,11 @@ import pytest
 import torch
 
 from ardiff.errors import KVStateError
-from ardiff.pipelines.causal_wan.processors import (AttentionBinding, CrossAttentionProcessor,
-                                                    SelfAttentionProcessor)
+from ardiff.pipelines.causal_wan.processors import (
+    AttentionBinding,
+    CrossAttentionProcessor,
+    SelfAttentionProcessor,
+)
 
 
 def test_a_cross_processor_with_nothing_bound_raises_instead_of_self_attending(tiny_pipeline):

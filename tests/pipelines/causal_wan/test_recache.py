@@ -22,8 +22,12 @@ from ardiff.kv.backend import create_cache  # noqa: E402
 from ardiff.kv.plan import make_plan  # noqa: E402
 from ardiff.kv.state import open_state  # noqa: E402
 from ardiff.pipelines.causal_wan import CausalWan  # noqa: E402
-from ardiff.pipelines.causal_wan.recache import (KeptLatents, frame_runs,  # noqa: E402
-                                                 kept_latents_bytes, recache_branch)
+from ardiff.pipelines.causal_wan.recache import (  # noqa: E402
+    KeptLatents,
+    frame_runs,
+    kept_latents_bytes,
+    recache_branch,
+)
 
 TOLERANCE = 1e-5  # relative, float32
 OLD, NEW = "a cat walks on the beach", "a dog swims in a lake"

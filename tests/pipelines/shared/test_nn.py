@@ -9,8 +9,16 @@ import pytest
 import torch
 from torch import nn
 
-from ardiff.pipelines.shared.nn import (AdaLN, Modulation, Patches, Rope, RotaryEmbedding,
-                                        TimestepEmbedding, rotate, timestep_embedding)
+from ardiff.pipelines.shared.nn import (
+    AdaLN,
+    Modulation,
+    Patches,
+    Rope,
+    RotaryEmbedding,
+    TimestepEmbedding,
+    rotate,
+    timestep_embedding,
+)
 
 
 def adaln_with_bias(dim: int, num_sets: int, gated: bool = True) -> AdaLN:

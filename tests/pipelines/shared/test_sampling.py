@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from ardiff.pipelines.shared.sampling import (SEED_STRIDE, block_noise, flow_step, noise_levels,
-                                              sample)
+from ardiff.pipelines.shared.sampling import (
+    SEED_STRIDE,
+    block_noise,
+    flow_step,
+    noise_levels,
+    sample,
+)
 
 CPU = torch.device("cpu")
 

@@ -9,14 +9,14 @@ import torch
 
 import ardiff
 from ardiff.config.run import load_config
+from ardiff.engine.build import build_runner
+from ardiff.engine.loader import build_pipeline, get_spec
+from ardiff.engine.runner import Runner
 from ardiff.kv.backend import create_cache
 from ardiff.kv.plan import make_plan
-from ardiff.pipelines.tiny_dit.decoder import LatentDecoder
 from ardiff.pipelines.tiny_dit import TinyCausalDiT
+from ardiff.pipelines.tiny_dit.decoder import LatentDecoder
 from ardiff.sizes import ceil_div
-from ardiff.engine.loader import build_pipeline, get_spec
-from ardiff.engine.build import build_runner
-from ardiff.engine.runner import Runner
 
 TINY_DIT_CONFIG = Path(__file__).parents[3] / "configs" / "tiny-dit.yaml"
 SMALL = dict(latent_size=8, dim=32, num_heads=4, num_kv_heads=2, frames_per_block=2,

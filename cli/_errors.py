@@ -16,7 +16,7 @@ from ardiff.errors import EXIT_FAILED, EXIT_INTERRUPTED, ArdiffError
 def handle_errors(debug: bool) -> Iterator[None]:
     """Turn ardiff errors into `error: ...` on stderr and their exit code (docs/errors.md).
 
-    KeyboardInterrupt (Ctrl-C, or a signal through `ardiff_cli.signals`) is `error:
+    KeyboardInterrupt (Ctrl-C, or a signal through `ardiff_cli._signals`) is `error:
     interrupted [by SIGNAL]`, exit 130. SystemExit while loading or running a pipeline
     comes from its code (ardiff never exits): a failure, exit 1, not the pipeline's code.
     Commands write their output outside this block, where SystemExit keeps its meaning

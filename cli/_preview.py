@@ -21,7 +21,7 @@ from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.segment import ControlType, Segment
 from rich.style import Style
 
-from ardiff_cli import progress
+from ardiff_cli import _progress as progress
 
 HALF_BLOCK = "▀"
 # Rich writes a segment that carries control codes as its text, unparsed and unstyled, and

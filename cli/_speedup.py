@@ -8,7 +8,8 @@ import sys
 import typer
 
 from ardiff.errors import EXIT_FAILED
-from ardiff_cli import options, render
+from ardiff_cli import _options as options
+from ardiff_cli import _render as render
 
 
 def run(run_config, workers: int, repeats: int, json_path: str | None) -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 from rich.table import Table
-
-from typing import TYPE_CHECKING
 
 from ardiff.sizes import format_bytes
 

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ardiff.config.play import key_map
-from ardiff.text import short_repr
 from ardiff.errors import ArdiffError, ConfigError
+from ardiff.text import short_repr
+from ardiff_cli._run_report import finish_run
 
 LOG_SUFFIX = ".actions.yaml"
 
@@ -68,10 +69,10 @@ class PlaySession:
     def run(self, stop_signals: Any) -> Any:
         """Play until q, Ctrl-C, a stop signal or `rollout.frames`; returns the report."""
         from ardiff.rollout.job import run_rollout  # one process: a game is not a parallel job
-        from ardiff.rollout.stop import RolloutStop
         from ardiff.rollout.live import LiveBlocks
-        from ardiff_cli.keys import TerminalKeys
-        from ardiff_cli.play import Pacer, PlayDisplay
+        from ardiff.rollout.stop import RolloutStop
+        from ardiff_cli._keys import TerminalKeys
+        from ardiff_cli._play_display import Pacer, PlayDisplay
 
         stop = RolloutStop()
         stop_signals.follow(stop)
@@ -88,14 +89,12 @@ class PlaySession:
 
 def finish(session: PlaySession, report: Any, replay_args: list[str], debug: bool) -> None:
     """Write the action log, say how to replay it, then the rollout's summary and exit."""
-    from ardiff_cli.rollout import _finish
-
     log_error = None
     if session.blocks is not None and session.blocks.log:
         log_error = _write_log(session, report, replay_args)
     else:
         print("nothing was played: no action log written", file=sys.stderr)
-    _finish(report, None, False, debug, log_error)
+    finish_run(report, None, False, debug, log_error)
 
 
 def _write_log(session: PlaySession, report: Any, replay_args: list[str]) -> Optional[str]:

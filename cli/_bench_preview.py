@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ardiff_cli import picture
+from ardiff_cli import _picture as picture
 
 PREVIEW_TARGET = 0.05          # the preview may cost at most 5% of the rollout's time
 OFFSCREEN_SIZE = (100, 40)      # columns, rows of the console the measured preview draws in
@@ -84,8 +84,8 @@ def _offscreen_display(fps: float, sink, frames: bool) -> Any:
     (the progress bar alone), drawn into a terminal-sized console writing to `sink`."""
     from rich.console import Console
 
-    from ardiff_cli import preview
-    from ardiff_cli.progress import RolloutProgress
+    from ardiff_cli import _preview as preview
+    from ardiff_cli._progress import RolloutProgress
 
     cols, rows = OFFSCREEN_SIZE
     console = Console(file=sink, force_terminal=True, color_system="truecolor", width=cols,
@@ -113,7 +113,7 @@ def _rollout(run_config: Any, stem: Path, on_event) -> Any:
 
 def print_extras(data: dict[str, Any]) -> None:
     """One line per extra, the target beside the number."""
-    from ardiff_cli.render import console
+    from ardiff_cli._render import console
 
     numbers = data.get("preview")
     if numbers is not None and numbers["overhead"] is not None:
