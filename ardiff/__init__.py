@@ -8,15 +8,35 @@ an `ARDiffusionKVCacheSpec`; ardiff plans and owns the cache, the sessions, the 
 loop and the video. Everything a pipeline or a script needs is exported here.
 """
 
-from ardiff.contract import (ARDiffusionCrossAttentionKVSpec, ARDiffusionKVBlock,
-                             ARDiffusionKVBranchSpec, ARDiffusionKVCacheSpec, ARDiffusionKVState,
-                             BlockOutput, RolloutRequest, SupportsARDiffusionBlockGeneration,
-                             SupportsARDiffusionPipeline, SupportsARDiffusionWarmup)
+from ardiff.contract import (
+    ARDiffusionCrossAttentionKVSpec,
+    ARDiffusionKVBlock,
+    ARDiffusionKVBranchSpec,
+    ARDiffusionKVCacheSpec,
+    ARDiffusionKVState,
+    BlockOutput,
+    RolloutRequest,
+    SupportsARDiffusionBlockGeneration,
+    SupportsARDiffusionPipeline,
+    SupportsARDiffusionWarmup,
+)
 from ardiff.contract.base import ARDiffusionPipelineBase
-from ardiff.errors import (ArdiffError, BlockOutputError, CapacityError, ConfigError,
-                           EncoderError, KVStateError, OutputPathError, PipelineError,
-                           PipelineLoadError, RunError, SessionError, SpecError, WarmupError)
 from ardiff.distributed.context import ParallelContext, PeerLostError, cfg_branch_specs
+from ardiff.errors import (
+    ArdiffError,
+    BlockOutputError,
+    CapacityError,
+    ConfigError,
+    EncoderError,
+    KVStateError,
+    OutputPathError,
+    PipelineError,
+    PipelineLoadError,
+    RunError,
+    SessionError,
+    SpecError,
+    WarmupError,
+)
 
 __version__ = "0.1.0"
 

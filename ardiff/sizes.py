@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from ardiff.text import short_repr
 from ardiff.errors import ConfigError
+from ardiff.text import short_repr
 
 _UNITS = {
     "b": 1,

@@ -12,9 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, StrictFloat, StrictInt, field_validator
 from pydantic.dataclasses import dataclass
 
-from ardiff.text import short_repr
-
 from ardiff.limits import MAX_TIMEOUT_S, MAX_WORKERS
+from ardiff.text import short_repr
 
 # As every section of ardiff.config.run: unknown keys are errors, docstrings describe fields.
 _SECTION = ConfigDict(extra="forbid", use_attribute_docstrings=True)

@@ -19,8 +19,8 @@ from dataclasses import field
 from pydantic import ConfigDict, StrictStr, field_validator
 from pydantic.dataclasses import dataclass
 
-from ardiff.text import short_repr
 from ardiff.errors import ConfigError
+from ardiff.text import short_repr
 
 NAMED_KEYS = ("up", "down", "left", "right", "space", "enter", "tab")
 QUIT_KEYS = ("q", "ctrl-c")

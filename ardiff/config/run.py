@@ -22,8 +22,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import (AfterValidator, BeforeValidator, ConfigDict, Field, StrictBool,
-                      StrictFloat, StrictInt, StrictStr, ValidationInfo, field_validator)
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic.dataclasses import dataclass
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
@@ -31,14 +41,23 @@ from pydantic_core import PydanticCustomError
 from ardiff.config import schema
 from ardiff.config.parallel import ParallelConfig
 from ardiff.config.play import PlayConfig
-from ardiff.text import find_bad_text, path_problem, short_repr, shorten, text_problem
 from ardiff.config.yaml_loader import safe_load
 from ardiff.dtypes import DTYPE_BYTES, RuntimeDTypeName
 from ardiff.errors import ConfigError
 from ardiff.kv.backends import BACKENDS, DEFAULT_BACKEND, backend_names
-from ardiff.limits import (MAX_CRF, MAX_FPS, MAX_FRAMES, MAX_NUM_STEPS, MAX_PAGE_TOKENS, MAX_SCALE,
-                           MAX_SEED, MAX_SESSIONS, MIN_FPS)
+from ardiff.limits import (
+    MAX_CRF,
+    MAX_FPS,
+    MAX_FRAMES,
+    MAX_NUM_STEPS,
+    MAX_PAGE_TOKENS,
+    MAX_SCALE,
+    MAX_SEED,
+    MAX_SESSIONS,
+    MIN_FPS,
+)
 from ardiff.sizes import MemoryBudget
+from ardiff.text import find_bad_text, path_problem, short_repr, shorten, text_problem
 
 DEFAULT_CONFIG_NAME = "default.yaml"
 DEVICE_PATTERN = r"^(cpu|auto|cuda(:\d+)?)$"

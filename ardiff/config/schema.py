@@ -21,8 +21,8 @@ from typing import Annotated, Any, TypeVar, Union
 
 from pydantic import TypeAdapter, ValidationError
 
-from ardiff.text import key_name, short_repr
 from ardiff.errors import ConfigError
+from ardiff.text import key_name, short_repr
 
 T = TypeVar("T")
 

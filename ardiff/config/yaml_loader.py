@@ -18,8 +18,8 @@ import yaml
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from ardiff.text import short_repr, shorten
 from ardiff.errors import ConfigError
+from ardiff.text import short_repr, shorten
 
 MAX_ALIAS_NODES = 100_000  # nodes aliases may repeat in one document; a config needs a few
 MAX_DEPTH = 100            # nested mappings and lists; a config needs 5

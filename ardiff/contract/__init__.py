@@ -2,11 +2,20 @@
 
 from typing import Protocol
 
-from ardiff.contract.forward import (ARDiffusionKVBlock, ARDiffusionKVState, BlockOutput,
-                                     RolloutRequest, SupportsARDiffusionBlockGeneration)
-from ardiff.contract.spec import (ARDiffusionCrossAttentionKVSpec, ARDiffusionKVBranchSpec,
-                                  ARDiffusionKVCacheSpec, SupportsARDiffusionPipeline,
-                                  SupportsARDiffusionWarmup)
+from ardiff.contract.forward import (
+    ARDiffusionKVBlock,
+    ARDiffusionKVState,
+    BlockOutput,
+    RolloutRequest,
+    SupportsARDiffusionBlockGeneration,
+)
+from ardiff.contract.spec import (
+    ARDiffusionCrossAttentionKVSpec,
+    ARDiffusionKVBranchSpec,
+    ARDiffusionKVCacheSpec,
+    SupportsARDiffusionPipeline,
+    SupportsARDiffusionWarmup,
+)
 
 # Every method a pipeline must have: the upstream protocol's, then ardiff's forward.
 PIPELINE_METHODS = ("ar_diffusion_kv_cache_spec", "bind_ar_diffusion_state",

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from ardiff.config.parallel import ParallelConfig
-from ardiff.errors import ConfigError
 from ardiff.distributed.topology import RankInfo
+from ardiff.errors import ConfigError
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                       "MASTER_PORT")

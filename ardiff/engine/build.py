@@ -20,8 +20,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ardiff.config.run import RunConfig
 from ardiff.contract import ARDiffusionPipeline
-from ardiff.contract.spec import (ARDiffusionKVCacheSpec, apply_overrides,
-                                  history_frames_per_branch, spec_to_dict)
+from ardiff.contract.spec import (
+    ARDiffusionKVCacheSpec,
+    apply_overrides,
+    history_frames_per_branch,
+    spec_to_dict,
+)
 from ardiff.distributed.context import ParallelContext, bind_parallel, check_cfg_spec
 from ardiff.distributed.topology import rank_budget
 from ardiff.dtypes import DTYPE_BYTES, torch_dtype
@@ -30,8 +34,8 @@ from ardiff.engine.loader import build_pipeline, get_spec
 from ardiff.errors import ArdiffError, CapacityError, ConfigError, PipelineError
 from ardiff.kv.backends import BACKENDS
 from ardiff.kv.plan import KVPlan, make_plan
-from ardiff.text import shorten
 from ardiff.sizes import MemoryBudget, format_bytes
+from ardiff.text import shorten
 
 if TYPE_CHECKING:  # pragma: no cover - typing only: both import torch, which inspect-spec must not
     from ardiff.engine.runner import Runner

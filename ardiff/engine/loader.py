@@ -21,10 +21,10 @@ from pathlib import Path
 from types import ModuleType
 
 from ardiff.config.run import PipelineConfig
-from ardiff.text import short_repr, shorten
-from ardiff.errors import PipelineLoadError, SpecError
 from ardiff.contract import ARDiffusionPipeline, missing_pipeline_methods
 from ardiff.contract.spec import ARDiffusionKVCacheSpec
+from ardiff.errors import PipelineLoadError, SpecError
+from ardiff.text import short_repr, shorten
 
 ENTRY_POINT_GROUP = "ardiff.pipelines"
 

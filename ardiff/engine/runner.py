@@ -29,8 +29,7 @@ from ardiff.contract import ARDiffusionPipeline
 from ardiff.contract.forward import BlockOutput, RolloutRequest
 from ardiff.engine.sessions import Release, SessionInfo, SessionMap
 from ardiff.engine.timing import EventFactory, Latency, seconds, start_timer, stop_timer
-from ardiff.errors import (ArdiffError, BlockOutputError, PipelineError, SessionError,
-                           WarmupError)
+from ardiff.errors import ArdiffError, BlockOutputError, PipelineError, SessionError, WarmupError
 from ardiff.kv.backend import CacheStats, KVCacheBase
 from ardiff.kv.plan import KVPlan
 from ardiff.kv.state import KVState, open_state

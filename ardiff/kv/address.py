@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 Runs = tuple[tuple[int, int], ...]  # (first flat token id, length) per contiguous stretch
 
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ardiff.contract.spec import ARDiffusionKVCacheSpec, history_frames_per_branch
 from ardiff.errors import CapacityError, SpecError
 from ardiff.sizes import ceil_div, format_bytes
-from ardiff.contract.spec import ARDiffusionKVCacheSpec, history_frames_per_branch
 
 
 @dataclass(frozen=True)

@@ -22,17 +22,23 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Callable
 
 from ardiff.config.run import RunConfig
+from ardiff.distributed.topology import (
+    RankInfo,
+    check_devices,
+    check_streams,
+    local_ranks,
+    pick_backend,
+    rank_threads,
+)
 from ardiff.engine.device import resolve_device, resolve_dtype
 from ardiff.errors import EXIT_FAILED
 from ardiff.launch.merge import JobOutcome, merge
-from ardiff.distributed.topology import (RankInfo, check_devices, check_streams, local_ranks,
-                                      pick_backend, rank_threads)
 from ardiff.launch.worker import START_S, RankJob, rank_result, spawned_rank_main
 from ardiff.rollout.job import prepare_rollout
 from ardiff.rollout.progress import ProgressEvent
-from ardiff.rollout.streams import RolloutPlan
-from ardiff.rollout.stop import RolloutStop
 from ardiff.rollout.report import RolloutReport
+from ardiff.rollout.stop import RolloutStop
+from ardiff.rollout.streams import RolloutPlan
 
 POLL_S = 0.25          # how often the parent looks at its ranks
 KILL_GRACE_S = 3.0     # a rank asked to end (SIGTERM) has this long before SIGKILL

@@ -18,14 +18,14 @@ from typing import Any, Callable
 from ardiff.config.run import RunConfig
 from ardiff.distributed.env import rank_from_env
 from ardiff.distributed.group import leave_groups
-from ardiff.launch.parent import prepare_job
-from ardiff.launch.merge import JobOutcome, RankResult, merge
-from ardiff.launch.stop import RankStop
 from ardiff.distributed.topology import replica_streams
+from ardiff.launch.merge import JobOutcome, RankResult, merge
+from ardiff.launch.parent import prepare_job
+from ardiff.launch.stop import RankStop
 from ardiff.launch.worker import RankJob, run_rank
 from ardiff.rollout.progress import ProgressEvent
-from ardiff.rollout.stop import RolloutStop
 from ardiff.rollout.report import RolloutReport
+from ardiff.rollout.stop import RolloutStop
 
 
 def run_torchrun_rank(config: RunConfig, on_event: Callable[[ProgressEvent], None] | None = None,

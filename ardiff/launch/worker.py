@@ -23,16 +23,16 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable, Sequence
 
 from ardiff.config.run import RunConfig, with_base_dir
-from ardiff.engine.device import resolve_device
-from ardiff.errors import EXIT_FAILED, ArdiffError
 from ardiff.distributed.context import ParallelContext, PeerLostError
 from ardiff.distributed.group import Groups, join_groups, leave_groups
+from ardiff.distributed.topology import RankInfo, rank_budget, rank_device
+from ardiff.engine.device import resolve_device
+from ardiff.errors import EXIT_FAILED, ArdiffError
 from ardiff.launch.merge import RankResult
 from ardiff.launch.stop import RankStop
 from ardiff.rollout.job import run_rollout
 from ardiff.rollout.progress import ProgressEvent
 from ardiff.rollout.share import JobShare
-from ardiff.distributed.topology import RankInfo, rank_budget, rank_device
 
 START_S = 300.0  # a rank may take this long to start, load and build (timeout_s counts after)
 

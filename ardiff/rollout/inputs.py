@@ -7,9 +7,9 @@ from pathlib import Path
 import yaml
 
 from ardiff.config import yaml_loader
-from ardiff.text import short_repr
 from ardiff.errors import ConfigError
 from ardiff.path_text import check_path_text
+from ardiff.text import short_repr
 
 
 def input_file(field: str, value: object, base_dir: Path) -> Path | None:

@@ -14,26 +14,36 @@ caller may raise KeyboardInterrupt instead. A job of several processes is
 
 from __future__ import annotations
 
-import dataclasses
 import numbers
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
 from ardiff.config.run import RunConfig
 from ardiff.contract import ARDiffusionPipeline
 from ardiff.distributed.context import ParallelContext
-from ardiff.errors import (EXIT_FAILED, EXIT_INTERRUPTED, ArdiffError, ConfigError,
-                           PipelineLoadError, WarmupError)
 from ardiff.engine.build import ResolvedPipeline, build_runner, resolve
+from ardiff.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    ArdiffError,
+    ConfigError,
+    PipelineLoadError,
+    WarmupError,
+)
 from ardiff.rollout.handoff import FrameHandoff, make_handoff
-from ardiff.rollout.streams import (BlockEvent, RolloutPlan, Stream, check_capacity,
-                                    iter_rollout, plan_rollout)
 from ardiff.rollout.paths import check_rollout_paths
 from ardiff.rollout.progress import ProgressEvent
 from ardiff.rollout.report import OutputRecord, RolloutReport, peak_rss_bytes
 from ardiff.rollout.share import JobShare
 from ardiff.rollout.stop import RolloutStop
+from ardiff.rollout.streams import (
+    BlockEvent,
+    RolloutPlan,
+    Stream,
+    check_capacity,
+    iter_rollout,
+    plan_rollout,
+)
 from ardiff.video.writer import VideoInfo, VideoWriter, check_output_path
 
 if TYPE_CHECKING:  # pragma: no cover - typing only: the runner imports torch

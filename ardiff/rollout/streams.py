@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from ardiff.config.run import PromptSwitch, RunConfig
-from ardiff.sizes import ceil_div
-from ardiff.errors import ConfigError
 from ardiff.contract.forward import RolloutRequest
-from ardiff.rollout.inputs import output_path_for, read_actions, read_prompts
 from ardiff.contract.spec import ARDiffusionKVCacheSpec
 from ardiff.engine.timing import Latency, seconds
+from ardiff.errors import ConfigError
+from ardiff.rollout.inputs import output_path_for, read_actions, read_prompts
+from ardiff.sizes import ceil_div
 
 if TYPE_CHECKING:  # pragma: no cover - typing only: both import torch
     import torch

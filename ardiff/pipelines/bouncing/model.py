@@ -24,8 +24,15 @@ from torch import nn
 
 from ardiff.pipelines.bouncing import sim
 from ardiff.pipelines.bouncing.config import RGB_CHANNELS, BouncingConfig
-from ardiff.pipelines.shared.nn import (AdaLN, Modulation, Patches, Rope, RotaryEmbedding,
-                                        TimestepEmbedding, rotate)
+from ardiff.pipelines.shared.nn import (
+    AdaLN,
+    Modulation,
+    Patches,
+    Rope,
+    RotaryEmbedding,
+    TimestepEmbedding,
+    rotate,
+)
 from ardiff.pipelines.shared.sampling import sample
 
 CELL_INIT_STD = 0.02   # per-cell embedding, small beside the patch projection

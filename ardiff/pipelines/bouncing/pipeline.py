@@ -23,8 +23,7 @@ from ardiff.contract.base import warmup_blocks
 from ardiff.pipelines.bouncing import sim
 from ardiff.pipelines.bouncing.checkpoint import load_weights
 from ardiff.pipelines.bouncing.config import RGB_CHANNELS, BouncingConfig
-from ardiff.pipelines.bouncing.model import (BouncingDiT, Conditioning, FrameInputs,
-                                             pixels_to_model)
+from ardiff.pipelines.bouncing.model import BouncingDiT, Conditioning, FrameInputs, pixels_to_model
 from ardiff.pipelines.shared.sampling import block_noise, sample
 
 if TYPE_CHECKING:  # pragma: no cover - typing only: the loop imports this module

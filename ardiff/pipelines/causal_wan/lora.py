@@ -18,8 +18,11 @@ from pathlib import Path
 import torch
 
 from ardiff.errors import PipelineLoadError
-from ardiff.pipelines.causal_wan.checkpoint import (read_checkpoint, strip_wrappers,
-                                                    to_diffusers_names)
+from ardiff.pipelines.causal_wan.checkpoint import (
+    read_checkpoint,
+    strip_wrappers,
+    to_diffusers_names,
+)
 
 LORA_KEY = "generator_lora"
 PEFT_PREFIX = "base_model.model."

@@ -17,8 +17,14 @@ from torch import nn
 
 import ardiff
 from ardiff.kv.attention import attend
-from ardiff.pipelines.shared.nn import (AdaLN, Patches, Rope, RotaryEmbedding,
-                                        TimestepEmbedding, rotate)
+from ardiff.pipelines.shared.nn import (
+    AdaLN,
+    Patches,
+    Rope,
+    RotaryEmbedding,
+    TimestepEmbedding,
+    rotate,
+)
 from ardiff.pipelines.tiny_dit.text import TextEncoder
 
 

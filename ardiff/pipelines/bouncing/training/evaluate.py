@@ -25,8 +25,12 @@ import ardiff
 from ardiff.pipelines.bouncing import sim
 from ardiff.pipelines.bouncing.checkpoint import load_weights
 from ardiff.pipelines.bouncing.config import BouncingConfig
-from ardiff.pipelines.bouncing.model import (BouncingDiT, model_to_pixels, pixels_to_model,
-                                             sample_next)
+from ardiff.pipelines.bouncing.model import (
+    BouncingDiT,
+    model_to_pixels,
+    pixels_to_model,
+    sample_next,
+)
 from ardiff.pipelines.bouncing.training import locator
 
 EVAL_SEED = 10_007        # held out: training draws its worlds from default_rng(seed) streams

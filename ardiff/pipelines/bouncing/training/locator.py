@@ -11,8 +11,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ardiff.pipelines.bouncing.sim import (MAX_BALLS, PIXEL_CENTRES, SIZE, SPRITE_COLOUR,
-                                           SimState, render)
+from ardiff.pipelines.bouncing.sim import (
+    MAX_BALLS,
+    PIXEL_CENTRES,
+    SIZE,
+    SPRITE_COLOUR,
+    SimState,
+    render,
+)
 
 COLOUR_TOLERANCE = 0.3    # RGB distance under which a pixel counts as an object's colour
 

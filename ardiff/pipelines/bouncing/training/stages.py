@@ -26,8 +26,12 @@ from ardiff.pipelines.bouncing.checkpoint import load_weights, save_weights, shi
 from ardiff.pipelines.bouncing.config import BouncingConfig
 from ardiff.pipelines.bouncing.model import BouncingDiT
 from ardiff.pipelines.bouncing.training import evaluate
-from ardiff.pipelines.bouncing.training.losses import (CLIP, rollout_loss, simulated_batch,
-                                                       teacher_forcing_loss)
+from ardiff.pipelines.bouncing.training.losses import (
+    CLIP,
+    rollout_loss,
+    simulated_batch,
+    teacher_forcing_loss,
+)
 from ardiff.pipelines.bouncing.training.streams import ROLLOUT_DEPTH, Streams
 
 COMMAND = "python -m ardiff.pipelines.bouncing.train"

@@ -12,8 +12,12 @@ import numpy as np
 import torch
 
 from ardiff.pipelines.bouncing import sim
-from ardiff.pipelines.bouncing.model import (BouncingDiT, model_to_pixels, pixels_to_model,
-                                             sample_next)
+from ardiff.pipelines.bouncing.model import (
+    BouncingDiT,
+    model_to_pixels,
+    pixels_to_model,
+    sample_next,
+)
 from ardiff.pipelines.bouncing.training import locator
 
 # A stream runs 1..12 generated frames, then restarts from true frames. Longer streams
