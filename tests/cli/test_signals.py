@@ -6,7 +6,8 @@ its own session, is signalled with `os.killpg` once the pipeline's marker file s
 made blocks (tests/support/fault_pipelines.py: `block_sleep_s`, `marker`), never after a bare
 sleep. The rest run in this process: the pipeline sends the signal to its own process
 (`fault="signal"`), or a test calls the handlers directly. The same faults, as rows of the
-README's table: tests/rollout/test_faults.py; 20 random kills: test_signal_soak.py.
+table in docs/errors.md#run-failures: tests/rollout/test_faults.py; 20 random kills:
+test_signal_soak.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Every number of a run config is bounded and finite, and every string is valid text, so what
-passes validation does not fail after the compute (README "Configs" lists the bounds)."""
+passes validation does not fail after the compute (docs/configs.md#bounds lists the bounds)."""
 
 from __future__ import annotations
 

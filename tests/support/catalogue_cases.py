@@ -1,6 +1,6 @@
 """The bad-input catalogue's table: every way to get the input of `ardiff` wrong, the
 exit code and the message it must give. tests/cli/test_catalogue.py runs each case and checks
-README.md's "Errors and exit codes" table against it."""
+the "Bad input" table of docs/errors.md against it."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ NO_CUDA = "no-cuda"       # a case that needs a machine without CUDA
 class Case:
     """One bad input: what is wrong, the exit code and a regex the `error:` line matches."""
 
-    problem: str                  # the README row
+    problem: str                  # the docs/errors.md row
     code: int
     pattern: str                  # searched in the message (after "error: ")
     args: tuple[str, ...] = ()    # after `ardiff COMMAND CONFIG`
@@ -249,7 +249,7 @@ CASES = [
     Case("actions file entry not an action", 2, r"^rollout\.actions \(actions\.yaml\)\[1\]: 3 is "
          r"not an action; use a name like left", args=("--actions", "actions.yaml"),
          files=(("actions.yaml", "- left\n- 3\n"),)),
-    # -- values out of bounds, text, YAML limits (README "Configs" lists the bounds) ------------
+    # -- values out of bounds, text, YAML limits (docs/configs.md#bounds) ----------------------
     Case("`output.fps` not a finite number", 2, r"^output\.fps: nan is invalid; it must be a "
          r"finite number; try 16", config={"output": {"fps": float("nan")}}),
     Case("`--fps` below what every format stores", 2, r"^output\.fps: 0\.001 is invalid; it "

@@ -1,5 +1,5 @@
 """The faults of tests/rollout/test_faults.py: what breaks, the exit code and `status` it must
-give, and what the file must hold (the README's "Run failures" table is this list)."""
+give, and what the file must hold (the "Run failures" table of docs/errors.md is this list)."""
 
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ class Fault:
     """One way a run breaks and what must come of it."""
 
     name: str
-    row: str                       # the README row: what breaks
+    row: str                       # the docs/errors.md row: what breaks
     exit_code: int
     status: str | None             # the stats' status; None: no stats (not a rollout)
-    holds: str                     # the README row: what the file holds
+    holds: str                     # the docs/errors.md row: what the file holds
     kept_frames: int               # frames the video must hold: 0..kept_frames-1
     error: str | None              # regex on the stats' error (or the error line)
     args: dict = field(default_factory=dict)      # FaultPipeline's

@@ -29,8 +29,7 @@ def read_checkpoint(path: Path, what: str) -> dict[str, Any]:
     `load`, not at construction: `inspect-spec` needs the config files only."""
     if not path.is_file():
         raise PipelineLoadError(f"pipeline.args.{what}: {str(path)!r} does not exist; give the "
-                                f"checkpoint's path (README: Running Self-Forcing / CausVid / "
-                                f"LongLive)")
+                                f"checkpoint's path (docs/causal-wan.md#weights)")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error

@@ -128,7 +128,8 @@ def test_a_missing_checkpoint_is_named_at_load_not_at_construction(tiny_args, tm
 
     pipeline = CausalWan(**{**tiny_args, "generator_ckpt": str(tmp_path / "nowhere.pt")})
     with pytest.raises(PipelineLoadError, match=r"^pipeline.args.generator_ckpt: '.*nowhere.pt' "
-                                                r"does not exist; give the checkpoint's path"):
+                                                r"does not exist; give the checkpoint's path "
+                                                r"\(docs/causal-wan\.md#weights\)$"):
         pipeline.load("cpu", torch.float32)
 
 

@@ -1,4 +1,4 @@
-"""The bouncing world model's numbers on held-out simulated episodes (the README's table).
+"""The bouncing world model's numbers on held-out simulated episodes (the table in ../README.md).
 
     next-frame error  MSE of the frame predicted after HISTORY true frames (one step from
                       t = 1, and the sampler), against copying the last true frame
@@ -124,7 +124,7 @@ def balls_kept(video: np.ndarray, state: sim.SimState, frame_number: int) -> flo
 
 def evaluate(weights: str | None = None, episodes_count: int = EPISODES, clips: int = 256,
              **overrides) -> dict[str, float]:
-    """Every number of the README for one weights file (None: the shipped weights), the
+    """Every number of ../README.md's table for one weights file (None: the shipped weights), the
     pipeline run with args `overrides` (BouncingConfig fields, e.g. num_steps)."""
     config = BouncingConfig(weights=weights, **overrides)
     metrics = {"num_steps": config.num_steps,

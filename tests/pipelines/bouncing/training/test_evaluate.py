@@ -1,6 +1,6 @@
 """`python -m ardiff.pipelines.bouncing.evaluate`, the command that prints the world model's
-README numbers, run small: the same code path (held-out worlds through ardiff's runner and
-paged cache) on 2 episodes and 16 clips instead of 64 and 256."""
+numbers (ardiff/pipelines/bouncing/README.md), run small: the same code path (held-out worlds
+through ardiff's runner and paged cache) on 2 episodes and 16 clips instead of 64 and 256."""
 
 from __future__ import annotations
 

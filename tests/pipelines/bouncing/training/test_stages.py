@@ -1,7 +1,8 @@
 """`python -m ardiff.pipelines.bouncing.train`, the command that made the shipped world-model
 weights, run for two steps of each stage on a tiny batch: both losses are finite, the weights
-change, the stage minutes are recorded, and `is_better` decides as the README says. (Writing
-the package's weights, `ship`, is not run here.)"""
+change, the stage minutes are recorded, and `is_better` decides as
+ardiff/pipelines/bouncing/README.md says. (Writing the package's weights, `ship`, is not run
+here.)"""
 
 from __future__ import annotations
 
