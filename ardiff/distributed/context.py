@@ -44,7 +44,7 @@ class ParallelContext:
     rank: int                 # in the CFG group: the index of the branch this rank runs
     world_size: int           # ranks of the CFG group (2 under CFG-parallel)
     group: Any = None
-    global_rank: int = 0      # in the whole job, for error messages
+    global_rank: int = 0      # in the whole job
 
     @property
     def branch(self) -> str:
@@ -64,8 +64,8 @@ class ParallelContext:
         try:
             dist.all_gather(gathered, tensor.contiguous(), group=self.group)
         except Exception as exc:  # gloo/nccl raise RuntimeError subclasses when a peer goes
-            raise PeerLostError(f"rank {self.global_rank}: a peer of its CFG group left during "
-                                f"an all-gather ({type(exc).__name__} from "
+            raise PeerLostError(f"a peer of its CFG group left during an all-gather "
+                                f"({type(exc).__name__} from "
                                 f"{dist.get_backend(self.group)})") from exc
         return gathered
 

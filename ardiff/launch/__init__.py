@@ -4,6 +4,7 @@
 
     job.py        run_job: one process (`ardiff.rollout.run_rollout`) or a parallel job
     parent.py     the parent: check, spawn, supervise, merge (`run_parallel_rollout`)
+    supervisor.py the parent's watch over its ranks: phases, progress, results, stops, ends
     worker.py     one rank: set up, run its share of the job, report to the parent
     torchrun.py   a rank started by torchrun (launcher: env)
     stop.py       a stop that the ranks of a CFG group agree on (lockstep)

@@ -7,7 +7,10 @@ same `ardiff rollout` command; rank 0 gathers the ranks' results and reports the
 torchrun owns the processes: its agent stops the others when one exits with an error.
 A data-parallel rank that fails still reaches the final gather (its files finalised), so
 rank 0's report names it; its peers finish their own streams first (with `spawn` the
-parent stops them at once). The ranks of a CFG group stop together as with `spawn`.
+parent stops them at once). The ranks of a CFG group stop together as with `spawn`. A
+rank's own signal (the CLI's stop) is its result's `signal`: the job is `interrupted`. The
+ranks meet within `timeout_s`; a result that never reaches rank 0 (a rank that failed
+before the others arrived, a gather that failed) is named in rank 0's report.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any, Callable
 
 from ardiff.config.run import RunConfig
 from ardiff.distributed.env import rank_from_env
-from ardiff.distributed.group import leave_groups
+from ardiff.distributed.group import Groups, leave_groups
 from ardiff.distributed.topology import replica_streams
 from ardiff.launch.merge import JobOutcome, RankResult, merge
 from ardiff.launch.parent import prepare_job
@@ -41,13 +44,15 @@ def run_torchrun_rank(config: RunConfig, on_event: Callable[[ProgressEvent], Non
                        config.runtime.parallel.timeout_s)
     try:
         result = run_rank(rank_job, rank_stop, on_event or (lambda event: None))
-        results = _gather(result, rank.world_size)
+        result["signal"] = None if stop is None else stop.reason
+        results = _gather(result, rank.world_size, rank_stop.groups)
     finally:
         leave_groups()
-    if rank.rank != 0:
-        own = RolloutReport(status=result["report"]["status"], error=result["report"]["error"],
-                            exit_code=result["report"]["exit_code"], is_primary=False)
-        return own
+    if rank.rank != 0:  # its own line only, naming it: rank 0 reports the job
+        error = result["report"]["error"]
+        return RolloutReport(status=result["report"]["status"],
+                             error=None if error is None else f"rank {rank.rank}: {error}",
+                             exit_code=result["report"]["exit_code"], is_primary=False)
     outcome = JobOutcome(stop_reason=None if stop is None else stop.reason)
     for each in results:
         outcome.add_result(each)
@@ -58,12 +63,16 @@ def run_torchrun_rank(config: RunConfig, on_event: Callable[[ProgressEvent], Non
     return merge(outcome, job.report, streams, job.outputs)
 
 
-def _gather(result: RankResult, world_size: int) -> list[RankResult]:
-    """Every rank's result at rank 0 (others get an empty list)."""
+def _gather(result: RankResult, world_size: int, groups: Groups | None) -> list[RankResult]:
+    """Every rank's result at rank 0 (others get an empty list); what rank 0 has when a
+    peer is gone (its own result: merge names the ranks whose result never came)."""
     import torch.distributed as dist
 
     if not dist.is_initialized():  # this rank failed before joining: report alone
         return [result]
     gathered: list[Any] | None = [None] * world_size if dist.get_rank() == 0 else None
-    dist.gather_object(result, gathered, dst=0)
+    try:  # over the job's group: the ranks finish their streams far apart
+        dist.gather_object(result, gathered, dst=0, group=None if groups is None else groups.job)
+    except Exception:  # noqa: BLE001 - a peer gone; torchrun's agent ends the others
+        return [result]
     return list(gathered or [])

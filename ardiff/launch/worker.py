@@ -1,14 +1,17 @@
 """One rank of a parallel job: join the groups, run its share, report to the parent.
 
     parent  --(pipe: "stop <reason>" | closed)-->  rank
-    rank    --(pipe: progress, then one result)-->  parent
+    rank    --(pipe: phases, progress, then one result)-->  parent
 
 A spawned rank ignores SIGINT and SIGHUP (a terminal's Ctrl-C reaches the whole process
-group; the parent alone decides) and stops after its block in flight when the parent asks
-or its pipe closes, so no rank outlives its parent. SIGTERM, sent to a stuck rank, raises
-KeyboardInterrupt where it is stuck, so it still finalises its files and gives its pages
-back before the parent's SIGKILL. A torchrun rank (launcher: env) runs `run_rank` too,
-without a pipe.
+group; the parent alone decides). It stops after its block in flight when the parent asks,
+at once while it still loads or warms up (nothing on disk yet), and on its own when its
+parent is gone (a rank that then cannot end is ended `timeout_s` later). SIGTERM, from
+outside or from the parent to a stuck rank, raises KeyboardInterrupt where the rank is, so
+it still finalises its files and gives its pages back; its result names a SIGTERM from
+outside (`signal`), which makes the job `interrupted`. Nothing a rank sends can fail it: a
+parent that is gone has no one to tell. A torchrun rank (launcher: env) runs `run_rank`
+too, without a pipe.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -27,14 +31,16 @@ from ardiff.distributed.context import ParallelContext, PeerLostError
 from ardiff.distributed.group import Groups, join_groups, leave_groups
 from ardiff.distributed.topology import RankInfo, rank_budget, rank_device
 from ardiff.engine.device import resolve_device
-from ardiff.errors import EXIT_FAILED, ArdiffError
+from ardiff.errors import EXIT_FAILED, EXIT_INTERRUPTED, ArdiffError
 from ardiff.launch.merge import RankResult
 from ardiff.launch.stop import RankStop
 from ardiff.rollout.job import run_rollout
 from ardiff.rollout.progress import ProgressEvent
 from ardiff.rollout.share import JobShare
 
-START_S = 300.0  # a rank may take this long to start, load and build (timeout_s counts after)
+START_S = 300.0    # a rank may take this long to load and build (timeout_s counts after)
+KILL_GRACE_S = 3.0  # a rank asked to end has this long before it is killed
+STOP_NOW = signal.SIGUSR1  # sent by a rank to itself: the parent's stop, while it loads
 
 
 @dataclass(frozen=True)
@@ -49,56 +55,125 @@ class RankJob:
     timeout_s: float
 
 
+class Outbox:
+    """The rank's end of the pipe, for two threads; a send to a parent that is gone does
+    nothing (the rank stops on its own: `_follow_parent`)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn, self.lock = conn, threading.Lock()
+
+    def send(self, kind: str, payload: object) -> None:
+        with self.lock:
+            try:
+                self.conn.send((kind, payload))
+            except (OSError, ValueError):  # BrokenPipeError; closed
+                pass
+
+
+class RankSignals:
+    """SIGTERM raises KeyboardInterrupt where the rank is, once (a second one ends the
+    process), and is remembered (`received`); STOP_NOW raises only while the rank may still
+    be interrupted without losing anything (loading, warming up)."""
+
+    def __init__(self, stop: RankStop) -> None:
+        self.stop = stop
+        self.received: str | None = None
+        signal.signal(signal.SIGTERM, self._terminate)
+        signal.signal(STOP_NOW, self._stop_now)
+
+    def _terminate(self, signum: int, frame: object) -> None:
+        signal.signal(signum, signal.SIG_DFL)
+        self.received = self.received or signal.Signals(signum).name
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    def _stop_now(self, signum: int, frame: object) -> None:
+        if self.stop.is_interruptible:
+            raise KeyboardInterrupt(self.stop.reason or "a stop request")
+
+    def settle(self) -> None:
+        """The result is made: a signal from now on changes nothing."""
+        for signum in (signal.SIGTERM, STOP_NOW):
+            signal.signal(signum, signal.SIG_IGN)
+
+
 def spawned_rank_main(job: RankJob, conn: Connection) -> None:
-    """The target of a spawned rank process: run the share, send its result, leave."""
+    """The target of a spawned rank process: run the share, send its result, leave. Ends
+    with no traceback whatever happens (exit 130 when interrupted outside the rollout)."""
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _interrupt)
+    outbox = Outbox(conn)
+    stop = RankStop(on_phase=lambda phase: outbox.send("phase", phase))
+    signals = RankSignals(stop)
     # Blocked while we started (the forkserver was started with them blocked, and a fork
     # inherits the mask), so a Ctrl-C before the lines above could not end this rank.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGHUP})
-    lock = threading.Lock()
-
-    def send(message: tuple[str, object]) -> None:
-        with lock:
-            conn.send(message)
-
-    stop = RankStop()
-    threading.Thread(target=_follow_parent, args=(conn, stop), daemon=True).start()
+    follower = threading.Thread(target=_follow_parent, args=(conn, stop, job.timeout_s),
+                                daemon=True)
     try:
-        result = run_rank(job, stop, lambda event: send(("progress", progress_message(event))))
-        send(("result", result))
+        try:
+            follower.start()  # a stop may come at once: from here it raises in a try
+            result = run_rank(job, stop, lambda event: outbox.send("progress",
+                                                                   progress_message(event)))
+        except KeyboardInterrupt as exc:  # before run_rank could catch it
+            result = _failure(job, exc)
+        result["signal"] = signals.received
+        signals.settle()
+        outbox.send("result", result)
+    except KeyboardInterrupt:  # between the rollout and the result: no result to send
+        sys.exit(EXIT_INTERRUPTED)
     finally:
-        leave_groups()  # after the result: a peer blocked on this rank raises now
-        conn.close()
+        _leave(conn)  # after the result: a peer blocked on this rank raises now
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    signal.signal(signum, signal.SIG_DFL)  # once: a second SIGTERM ends the process
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
-def _follow_parent(conn: Connection, stop: RankStop) -> None:
-    """Turn the parent's "stop" message, or its end, into a stop request."""
+def _leave(conn: Connection) -> None:
     try:
-        reason = conn.recv()
+        leave_groups()
+    except Exception:  # noqa: BLE001 - a group torn down by a lost peer: nothing to leave
+        pass
+    conn.close()
+
+
+def _follow_parent(conn: Connection, stop: RankStop, timeout_s: float) -> None:
+    """Turn the parent's "stop" message, or its end, into a stop request: at once while
+    the rank loads or warms up; and with no parent left, end a rank that does not end."""
+    try:
+        reason, orphaned = str(conn.recv()), False
     except (EOFError, OSError):
-        reason = "its parent process ended"
-    stop.request(str(reason))
+        reason, orphaned = "the end of its parent process", True
+    stop.request(reason)
+    main = threading.main_thread().ident
+    if stop.is_interruptible and main is not None:
+        signal.pthread_kill(main, STOP_NOW)
+    if orphaned:
+        _end_alone(stop, timeout_s)
+
+
+def _end_alone(stop: RankStop, timeout_s: float) -> None:
+    """No parent will end this rank: if it is still loading KILL_GRACE_S from now (stuck
+    where no signal reaches: a rendezvous, a native call), or still running `timeout_s`
+    from now (stuck in a block), it ends itself. A rank that ends first takes this
+    thread with it."""
+    start = time.monotonic()
+    while True:
+        time.sleep(KILL_GRACE_S / 10)
+        waited = time.monotonic() - start
+        if waited > timeout_s or (waited > KILL_GRACE_S and stop.is_interruptible):
+            os._exit(EXIT_INTERRUPTED)
 
 
 def run_rank(job: RankJob, stop: RankStop,
              on_event: Callable[[ProgressEvent], None]) -> RankResult:
     """Join the groups and run this rank's share of the rollout (the caller leaves the
-    groups); return its result (plain data). Errors before the rollout starts (loading,
-    capacity) become a failed result too: the parent decides what the job reports."""
-    import torch  # the rank's threads are set from the job, right after
-
-    torch.set_num_threads(job.threads)
-    rank = job.rank
-    config = _rank_config(job.config, rank)
+    groups); return its result (plain data). Errors before the rollout starts (joining,
+    loading, capacity) become a failed result too: the parent decides what the job
+    reports."""
     start = time.perf_counter()
+    rank = job.rank
     try:
+        import torch  # the rank's threads are set from the job, right after
+
+        torch.set_num_threads(job.threads)
+        config = _rank_config(job.config, rank)
         groups = join_groups(rank, job.backend, job.init_method, job.timeout_s,
                              config.runtime.device, start_timeout_s=max(job.timeout_s, START_S))
         stop.groups = groups
@@ -143,21 +218,25 @@ def progress_message(event: ProgressEvent) -> dict[str, Any]:
 
 
 def rank_result(job: RankJob, report: dict[str, Any], latencies: Sequence[float] = (),
-                peer_lost: bool = False, pid: int | None = None) -> RankResult:
+                peer_lost: bool = False, pid: int | None = None,
+                signal_name: str | None = None) -> RankResult:
     """A rank's result as plain data: who it was, its report (`to_dict()`, or only status,
-    error and exit_code when it never got to a rollout), its block latencies."""
+    error and exit_code when it never got to a rollout), its block latencies, the signal
+    from outside that stopped it (None: none did)."""
     rank = job.rank
     return {"rank": rank.rank, "replica": rank.replica, "cfg_rank": rank.cfg_rank,
             "writes": rank.writes, "pid": os.getpid() if pid is None else pid,
             "threads": job.threads,
             "device": rank_device(_resolved_device(job.config.runtime.device), rank.local_rank),
-            "report": report, "block_latencies_s": list(latencies), "peer_lost": peer_lost}
+            "report": report, "block_latencies_s": list(latencies), "peer_lost": peer_lost,
+            "signal": signal_name}
 
 
 def _failure(job: RankJob, exc: BaseException) -> RankResult:
     """A rank that raised before its rollout started (or outside it)."""
     if isinstance(exc, KeyboardInterrupt):
-        status, code, error = "interrupted", 130, "interrupted"
+        status, code = "interrupted", EXIT_INTERRUPTED
+        error = f"interrupted by {exc}" if str(exc) else "interrupted"
     else:
         status = "failed"
         code = exc.exit_code if isinstance(exc, ArdiffError) else EXIT_FAILED

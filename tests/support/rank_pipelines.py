@@ -2,9 +2,11 @@
 
 `RankFaultDiT(fault=..., on_rank=r, at_block=b, ...)` is `TinyCausalDiT` (same weights, same
 frames) except that on job rank r (torch.distributed's; 0 outside a job), at rollout block b,
-`fault="raise"` raises RankFault and `fault="hang"` sleeps for an hour (a stuck rank).
-`block_sleep_s` slows every rollout block; `marker` names a file holding the number of
-rollout blocks this process made (written atomically). Loaded by file path
+`fault="raise"` raises RankFault and `fault="hang"` sleeps for an hour (a stuck rank); in
+the `load` hook on rank r, `fault="load_raise"` raises RankFault and `fault="load_hang"`
+sleeps for an hour (a rank that never finishes loading). `block_sleep_s` slows every rollout
+block; `marker` names a file holding "<rollout blocks this process made> <its pid>" (written
+atomically; first when `load_hang` starts); a `{rank}` in it becomes the rank. Loaded by file path
 (`/abs/rank_pipelines.py:RankFaultDiT`) in spawned ranks and under torchrun.
 """
 
@@ -34,6 +36,14 @@ class RankFaultDiT(TinyCausalDiT):
         self.fault, self.on_rank, self.at_block = fault, on_rank, at_block
         self.block_sleep_s, self.marker, self.blocks_made = block_sleep_s, marker, 0
 
+    def load(self, device, dtype) -> None:
+        if self.fault in ("load_raise", "load_hang") and job_rank() == self.on_rank:
+            if self.fault == "load_raise":
+                raise RankFault(f"injected in load on rank {self.on_rank}")
+            self._write_marker()
+            time.sleep(3600)
+        super().load(device, dtype)
+
     def generate_block(self, request: ardiff.RolloutRequest,
                        state: ardiff.ARDiffusionKVState) -> ardiff.BlockOutput:
         warmup = request.prompt == "warmup"
@@ -50,8 +60,12 @@ class RankFaultDiT(TinyCausalDiT):
 
     def _made_block(self) -> None:
         self.blocks_made += 1
+        self._write_marker()
+
+    def _write_marker(self) -> None:
         if self.marker:
-            tmp = f"{self.marker}.{os.getpid()}.tmp"
+            path = self.marker.format(rank=job_rank())
+            tmp = f"{path}.{os.getpid()}.tmp"
             with open(tmp, "w", encoding="utf-8") as marker:
-                marker.write(str(self.blocks_made))
-            os.replace(tmp, self.marker)
+                marker.write(f"{self.blocks_made} {os.getpid()}")
+            os.replace(tmp, path)
