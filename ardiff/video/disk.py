@@ -8,10 +8,12 @@ writer, and publishes it when the run ends:
     .out.mp4.<pid>-<hex>.partial.mp4.reserve the space reserve (PyAV formats)
     frames/.partial-<pid>-<hex>/             a PNG folder's work folder, inside it
 
-Publishing a file is one `os.replace` (the last run to finish wins); a PNG folder gets its
-frames moved in one by one under a lock, then loses the `frame_*.png` the run did not
-write. Finishing a container needs room (mp4's index, mkv's cues, frames the codec holds),
-so a PyAV encoder holds a `SpaceReserve` that the first write meeting a full disk frees.
+Publishing a file is one `os.replace` (the last run to finish wins; a FIFO or device gets
+the finished file's bytes and stays what it is); a PNG folder gets its frames moved in one
+by one under a lock, then loses the `frame_*.png` the run did not write. Finishing a
+container needs room (mp4's index, mkv's cues, frames the codec holds), so a PyAV encoder
+holds a `SpaceReserve` that the first write meeting a full disk frees. A run killed
+outright leaves its work behind; the next writer of the target removes it (leftovers.py).
 """
 
 from __future__ import annotations
@@ -19,9 +21,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
+import select
 import shutil
+import tempfile
+import time
 from pathlib import Path
+from typing import Iterable, Iterator
+
+from ardiff.path_text import landing
 
 try:
     import fcntl
@@ -32,7 +41,11 @@ RESERVE_BYTES = 16 * 2**20  # holds an mkv cluster (<= 5 MiB) or mp4's index plu
 _SMALLER_RESERVE = 16       # a disk that cannot spare RESERVE_BYTES may spare 1/16 of it
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 FRAME_PATTERN = "frame_*.png"
-_RESERVE_SUFFIX = ".reserve"
+RESERVE_SUFFIX = ".reserve"
+COPY_CHUNK_BYTES = 1 << 20  # a finished file copied into a FIFO or device, this much at a time
+STREAM_WAIT_S = 5.0  # how long an output that is a FIFO waits for its reader (to open, per part)
+STREAM_POLL_S = 0.05
+_TAG = r"(?P<pid>[0-9]+)-[0-9a-f]{8}"  # work_path's <pid>-<hex>
 
 
 def work_path(target: Path, folder: bool = False) -> Path:
@@ -43,8 +56,17 @@ def work_path(target: Path, folder: bool = False) -> Path:
     return target.with_name(f".{target.name}.{tag}.partial{target.suffix}")
 
 
+def work_pattern(target: Path, folder: bool = False) -> re.Pattern[str]:
+    """The names `work_path` gives `target`'s work (and `reserve_path` its reserve), with the
+    writer's pid as the group `pid`; they sit in `target` (a folder) or beside it."""
+    if folder:
+        return re.compile(rf"\.partial-{_TAG}")
+    return re.compile(rf"\.{re.escape(target.name)}\.{_TAG}\.partial{re.escape(target.suffix)}"
+                      rf"(?:{re.escape(RESERVE_SUFFIX)})?")
+
+
 def reserve_path(work: Path) -> Path:
-    return work.with_name(work.name + _RESERVE_SUFFIX)
+    return work.with_name(work.name + RESERVE_SUFFIX)
 
 
 def _write(fd: int, data: memoryview) -> int:
@@ -52,29 +74,36 @@ def _write(fd: int, data: memoryview) -> int:
     return os.write(fd, data)
 
 
+def _allocate(fd: int, offset: int, nbytes: int) -> None:
+    """os.posix_fallocate: the one place disk space is reserved (tests put a full disk here)."""
+    os.posix_fallocate(fd, offset, nbytes)
+
+
 class SpaceReserve:
     """Disk space allocated at `path` to finish a file once the disk is full: RESERVE_BYTES,
     or 1/16 of it when the disk cannot spare that.
 
-    Best effort: `held` is False when no space could be allocated. `release` frees it
+    Best effort: `held` is False when no space could be allocated; `disk_full` says the
+    disk had no room for it (rather than no way to preallocate). `release` frees it
     (idempotent) and says whether there was any.
     """
 
     def __init__(self, path: Path) -> None:
-        self.path, self.held = path, False
+        self.path, self.held, self.disk_full = path, False, False
         for nbytes in (RESERVE_BYTES, RESERVE_BYTES // _SMALLER_RESERVE):
             if nbytes > 0 and self._allocate(nbytes):
-                self.held = True
+                self.held, self.disk_full = True, False
                 return
 
     def _allocate(self, nbytes: int) -> bool:
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
-                os.posix_fallocate(fd, 0, nbytes)
+                _allocate(fd, 0, nbytes)
             finally:
                 os.close(fd)
-        except (OSError, AttributeError):  # full already, no preallocation, no posix_fallocate
+        except (OSError, AttributeError) as exc:  # full, no preallocation, no posix_fallocate
+            self.disk_full = getattr(exc, "errno", None) in DISK_FULL
             self.release()
             return False
         return True
@@ -149,10 +178,68 @@ class OutputFile:
 
 
 def publish_file(work: Path, target: Path) -> int:
-    """Move the finished `work` file onto `target` atomically; returns its size in bytes."""
+    """Move the finished `work` file onto `target` atomically (a FIFO or device: copy it in,
+    the node stays); returns its size in bytes."""
     size = work.stat().st_size
-    os.replace(work, target)
+    if landing(target)[1]:
+        _copy_into(work, target)
+    else:
+        os.replace(work, target)
     return size
+
+
+def _copy_into(work: Path, target: Path) -> None:
+    with open(work, "rb") as source:
+        write_stream(target, iter(lambda: source.read(COPY_CHUNK_BYTES), b""))
+
+
+def write_stream(target: Path, chunks: Iterable[bytes]) -> None:
+    """Write `chunks` into the FIFO or device `target`, which stays what it is, never waiting
+    for good: a FIFO's reader must come within STREAM_WAIT_S and take each part within it,
+    else TimeoutError (its message says which). Other failures are the OSError."""
+    fd = open_stream(target)
+    try:
+        for chunk in chunks:
+            view = memoryview(chunk)
+            while view:
+                if not select.select([], [fd], [], STREAM_WAIT_S)[1]:
+                    raise TimeoutError(f"its reader took nothing for {STREAM_WAIT_S:g} s")
+                with contextlib.suppress(BlockingIOError):  # less room than this part needs
+                    view = view[_write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def open_stream(target: Path) -> int:
+    """A non-blocking write descriptor of the FIFO or device `target`: a FIFO that no
+    process reads gets STREAM_WAIT_S for a reader to open it, then TimeoutError."""
+    deadline = time.monotonic() + STREAM_WAIT_S
+    while True:
+        try:
+            return os.open(target, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: a FIFO with no reader
+                raise
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no reader opened it within {STREAM_WAIT_S:g} s") from None
+            time.sleep(STREAM_POLL_S)
+
+
+@contextlib.contextmanager
+def written_through(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Where code that writes a whole file by name writes the file for `path`: `path` itself,
+    or when it lands on a FIFO or device, a temporary file whose bytes go there once the
+    code is done (`write_stream`: TimeoutError when a FIFO gets no reader). A picture needs
+    a seekable file; a FIFO's reader gets one whole file, as from a video."""
+    target, stream = landing(path)
+    if not stream:
+        yield Path(path)
+        return
+    with tempfile.TemporaryDirectory(prefix="ardiff-") as folder:
+        work = Path(folder) / Path(path).name
+        yield work
+        with open(work, "rb") as source:
+            write_stream(target, iter(lambda: source.read(COPY_CHUNK_BYTES), b""))
 
 
 def publish_folder(work: Path, target: Path) -> int:

@@ -5,10 +5,12 @@ names the class each format uses.
     Encoder.close()        finishes the file; idempotent; sets `kept`, the frames it holds
 
 An encoder writes one work file (or PNG work folder) through `disk.OutputFile`, holding at
-most one block of frames. On a full disk .npy, GIF and PNG folders finish in place without
-new room; PyAV formats finish in the space reserve's room (disk.py), else `kept` is what a
-decoder can still read. Encoders run on the writer's thread, are not thread-safe, and raise
-what their library raises (the writer turns it into an `EncoderError`).
+most one block of frames and a `leftovers.WorkLock` on it. On a full disk .npy, GIF and PNG
+folders finish in place without new room; PyAV formats finish in the space reserve's room
+(disk.py), else `kept` is what a decoder can still read (an mp4 begun on a disk too full
+for the reserve is written as fragments, so that is every fragment on disk). Encoders run
+on the writer's thread, are not thread-safe, and raise what their library raises (the
+writer turns it into an `EncoderError`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 from av.video.reformatter import VideoReformatter
 from PIL import GifImagePlugin, Image
 
-from ardiff.video import disk
+from ardiff.video import disk, leftovers
 from ardiff.video.codecs import EncoderSettings
 from ardiff.video.pixels import pad_to_even, upscale, yuv420_upscaled
 
@@ -32,6 +34,7 @@ GIF_COLORS = 256
 PNG_COMPRESS_LEVEL = 1  # zlib level: fast; PNG stays lossless at any level
 _NPY_COUNT_DIGITS = 20  # the frame count's fixed width in the .npy header, so it can be rewritten
 GIF_TRAILER = b";"
+_BOX_HEADER_BYTES = 8  # an ISO BMFF box: 32-bit size, 4-byte type
 PYAV_BUFFER_BYTES = 256 * 2**10  # PyAV hands the file this much per write call (default 32 KiB)
 
 
@@ -49,6 +52,7 @@ class Encoder:
         self.size: tuple[int, int] | None = None  # (H, W) as encoded; set by the first block
         self._file: disk.OutputFile | None = None
         self._reserve: disk.SpaceReserve | None = None
+        self._lock: leftovers.WorkLock | None = None
         self._closed = False
 
     @property
@@ -64,6 +68,7 @@ class Encoder:
         if self.size is None:
             height, width = block.shape[1] * scale, block.shape[2] * scale
             self._open(height, width)
+            self._lock = leftovers.WorkLock(self.path)  # until `discard`: the work is a live run's
             self.size = (height, width)
         for frame in block:  # [H, W, 3]
             self._encode_frame(frame)
@@ -101,6 +106,8 @@ class Encoder:
     def discard(self) -> None:
         """Remove what is left of the work file and the reserve (quiet if nothing is)."""
         disk.discard(self.path)
+        if self._lock is not None:
+            self._lock.release()
 
     def _open(self, height: int, width: int) -> None:
         pass
@@ -121,7 +128,10 @@ class PyAVEncoder(Encoder):
 
     A codec with `even_size` (libx264, 4:2:0) gets an odd width or height padded by one
     pixel that repeats the last column/row, so a 15x17 video is stored as 16x18. PyAV
-    writes through an `OutputFile` with a `SpaceReserve` (see disk.py).
+    writes through an `OutputFile` with a `SpaceReserve` (see disk.py). When the disk
+    cannot spare the reserve, a format with `nearly_full_options` (mp4) is written with
+    them, as fragments that play without the index: a failure then cuts the file after its
+    last whole fragment (`whole_fragments_end`).
 
     `settings.scale` (nearest-neighbour) for a `yuv_upscale` codec at an even scale: each
     frame is converted to YUV 4:4:4 at its own size, then the planes are repeated (luma
@@ -148,9 +158,11 @@ class PyAVEncoder(Encoder):
         self._to_yuv = VideoReformatter()  # keeps its swscale context from frame to frame
         self._reserve = disk.SpaceReserve(disk.reserve_path(self.path))
         self._file = disk.OutputFile(self.path, self._reserve)
+        self._fragmented = self._reserve.disk_full and bool(output.nearly_full_options)
+        options = output.container_options + (output.nearly_full_options
+                                               if self._fragmented else ())
         self._container = av.open(self._file, "w", format=output.container,
-                                  options=dict(output.container_options),
-                                  buffer_size=PYAV_BUFFER_BYTES)
+                                  options=dict(options), buffer_size=PYAV_BUFFER_BYTES)
         stream = self._container.add_stream(codec.name, rate=self.rate,
                                             options=self._codec_options())
         stream.width, stream.height, stream.pix_fmt = width, height, codec.pix_fmt
@@ -188,7 +200,32 @@ class PyAVEncoder(Encoder):
 
     def _salvage(self) -> int:
         self._file.close()
+        if self._fragmented:  # a torn last fragment would end playback with an error
+            os.truncate(self.path, whole_fragments_end(self.path))
         return min(self.frames, playable_frames(self.path, self.settings.kind))
+
+
+def whole_fragments_end(path: Path) -> int:
+    """Where a fragmented mp4 (ISO BMFF) ends after its last whole fragment: the end of the
+    last whole `mdat` box, else of the `moov` (0 if not even that reached the disk).
+
+        | ftyp | moov | moof | mdat | moof | mdat | moof | md...      (torn here)
+                                           end ^
+    """
+    end = offset = 0
+    with open(path, "rb") as file:
+        length = os.fstat(file.fileno()).st_size
+        while offset + _BOX_HEADER_BYTES <= length:
+            file.seek(offset)
+            size, kind = struct.unpack(">I4s", file.read(_BOX_HEADER_BYTES))
+            if size == 1:  # a 64-bit size follows the type
+                size = struct.unpack(">Q", file.read(8))[0]
+            if size < _BOX_HEADER_BYTES or offset + size > length:  # 0: "to the end"; torn
+                break
+            offset += size
+            if kind in (b"moov", b"mdat"):
+                end = offset
+    return end
 
 
 def playable_frames(path: Path, kind: str) -> int:
@@ -266,7 +303,7 @@ class PngDirEncoder(Encoder):
         return disk.publish_folder(self.path, target)
 
     def discard(self) -> None:
-        disk.discard(self.path)
+        super().discard()
         if self.made_target and not self.kept:
             with contextlib.suppress(OSError):
                 self.path.parent.rmdir()  # only if still empty

@@ -45,13 +45,19 @@ class Codec:
 class OutputFormat:
     """What a suffix is written as: `codecs` allowed (the first is the default), the encoder
     class as "module:Class", the PyAV muxer (`container`, None: not PyAV) and its options,
-    and whether the bench measures it (else it measures the default, .mp4)."""
+    and whether the bench measures it (else it measures the default, .mp4).
+
+    `nearly_full_options` are added when the disk cannot spare the space reserve (so no
+    room will be left to finish the file): options that write an ISO BMFF container as
+    fragments that play without the index, so that what reaches the disk is kept.
+    """
 
     codecs: tuple[Codec, ...]
     encoder: str
     container: str | None = None
     container_options: Options = ()
     benched: bool = True
+    nearly_full_options: Options = ()
 
     def codec(self, name: str | None) -> Codec | None:
         """The codec called `name` (or an alias of it); the default for None; None if not one."""
@@ -85,7 +91,11 @@ WEBP = Codec("libwebp", aliases=("webp",), pix_fmt="yuv420p",
 
 _PYAV = "ardiff.video.encoders:PyAVEncoder"
 FORMATS: dict[str, OutputFormat] = {
-    ".mp4": OutputFormat((X264,), _PYAV, container="mp4"),
+    ".mp4": OutputFormat((X264,), _PYAV, container="mp4",
+                         # a fragment per frame, each on disk as soon as it is muxed
+                         nearly_full_options=(
+                             ("movflags", "frag_every_frame+empty_moov+default_base_moof"),
+                             ("flush_packets", "1"))),
     ".mkv": OutputFormat((FFV1, X264), _PYAV, container="matroska"),
     ".webm": OutputFormat((VP9,), _PYAV, container="webm"),
     ".gif": OutputFormat((Codec("gif"),), "ardiff.video.encoders:GifEncoder"),

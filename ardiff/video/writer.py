@@ -6,10 +6,13 @@
 
 Formats are listed in formats.FORMATS; a path ending in '/', without a suffix or naming a
 folder is a folder of PNG frames. Memory does not grow with the video: at most
-`queue_blocks` blocks wait. A target is replaced only by a whole file, when the run ends
-(one `os.replace`, see disk.py); a run that wrote no frame leaves it untouched, and the
-work files go on every exit the process survives. A full disk stops the writer at that
-frame and keeps every frame before it; `info.frames` and the message count what is kept.
+`queue_blocks` blocks wait. A target (a symlink's target) is replaced only by a whole file,
+when the run ends (one `os.replace`; a FIFO or device gets the bytes, see disk.py); a run
+that wrote no frame leaves it untouched, and the work files go on every exit the process
+survives (those of a killed run, with the next writer of the same target). A full disk
+stops the writer at that frame and keeps every frame before it (an mp4 begun without room
+for the space reserve: every frame that reached the disk); `info.frames` and the message
+count what is kept.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ import numpy as np
 import torch
 
 from ardiff.errors import ConfigError, EncoderError, OutputPathError
-from ardiff.path_text import check_path_text
-from ardiff.video import codecs, disk, encoders, formats
+from ardiff.path_text import check_path_text, landing
+from ardiff.video import codecs, disk, encoders, formats, leftovers
 
 SUPPORTED_EXTENSIONS = formats.file_suffixes()  # the shipped table's; checks read it live
 _RATE_MAX_DENOMINATOR = 1001  # NTSC rates (30000/1001) stay exact
@@ -67,7 +70,8 @@ def check_output_path(path: str | os.PathLike, codec: str | None = None,
         raise OutputPathError(f"output.path: {str(path)!r} has an unsupported suffix {kind!r}; "
                               f"use one of {suffixes}, or a folder "
                               f"(a path ending in '/') for PNG frames")
-    _check_folder(path, target.parent)
+    real, stream = landing(target)  # a symlink's target gets the file (its work file beside it)
+    _check_folder(path, real.parent if target.is_symlink() and not stream else target.parent)
     if kind == formats.DIRECTORY and target.is_dir():
         _check_folder(path, target)
     codecs.EncoderSettings(kind, codecs.resolve_codec(kind, codec), crf, preset, scale)
@@ -129,7 +133,13 @@ class VideoWriter:
         self._error: BaseException | None = None  # the first failure (encoder thread, publish)
         self._closed = False
         self._info: VideoInfo | None = None
-        work = disk.work_path(self.path, folder=kind == formats.DIRECTORY)
+        folder = kind == formats.DIRECTORY
+        # Written where the path leads: a symlink's target is replaced (its work file beside
+        # it), a FIFO or device gets the finished file (its work file beside the path).
+        self._target, stream = (self.path, False) if folder else landing(self.path)
+        beside = self.path if stream else self._target
+        leftovers.remove_dead_work(beside, folder=folder)  # a killed run's
+        work = disk.work_path(beside, folder=folder)
         self._encoder = encoders.make_encoder(work, rate, settings)  # creates nothing yet
         self._queue: queue.Queue[np.ndarray | None] = queue.Queue(maxsize)
         self._batch_blocks = min(ENCODE_BATCH_BLOCKS, maxsize)
@@ -250,7 +260,7 @@ class VideoWriter:
         kept, size = self._encoder.kept or 0, 0
         if kept:
             try:
-                size = self._encoder.publish(self.path)
+                size = self._encoder.publish(self._target)
             except OSError as exc:
                 self._error, kept = self._error or exc, 0
         self._encoder.discard()
@@ -285,7 +295,8 @@ def _failure_message(error: BaseException, target: str, codec: str, encoded: int
         holds = (f"only the first {kept} of them could be kept in {target!r} (the file could "
                  f"not be finished)")
     else:
-        holds = f"no frame could be kept and {target!r} was not changed"
+        holds = (f"no frame could be kept and {target!r} was not changed: the file could not "
+                 f"be finished, and the part of it on disk holds no whole frame")
     return (f"output.path: writing {target!r} ({codec}) failed after {encoded} frames "
             f"({_describe(error)}); {holds}; {_fix(error, target)}")
 
@@ -303,6 +314,8 @@ def _fix(error: BaseException, target: str) -> str:
         return f"the disk holding {folder!r} is full: free some space, then rerun"
     if code == errno.EDQUOT:
         return f"your disk quota for {folder!r} is used up: free some space, then rerun"
+    if isinstance(error, TimeoutError):  # disk.write_stream: a FIFO nobody reads
+        return f"{target!r} is a FIFO that no process reads: start its reader first"
     if code == errno.EFBIG:
         return ("the file grew past what its file system (or `ulimit -f`) allows: write to "
                 "another disk, or fewer frames")

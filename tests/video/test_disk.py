@@ -2,11 +2,13 @@
 
 `FullDisk` stands in for a disk with `room` bytes left: every byte an encoder writes
 goes through `disk._write`, and a write that would grow the files under the folder
-past the room fails with ENOSPC, as the kernel's would. Writes are real (tmp_path),
-so the space reserve is a real preallocated file the fake disk counts, and freeing it
-makes room. Each test asserts that the writer's `info.frames`, its error message, and
-a decoder reading the target agree, and that no work file is left. The real thing, a
-full tmpfs, is `test_a_real_full_disk_*` (slow; needs root to mount one).
+past the room writes what fits and then fails with ENOSPC, as the kernel's would.
+Writes are real (tmp_path), so the space reserve is a real preallocated file the fake
+disk counts, and freeing it makes room; a nearly full disk (`reserve_fits=False`)
+refuses the reserve too (`disk._allocate`). Each test asserts that the writer's
+`info.frames`, its error message, and a decoder reading the target agree, and that no
+work file is left. The real thing, a full tmpfs, is `test_a_real_full_disk_*` (slow;
+needs root to mount one).
 """
 
 from __future__ import annotations
@@ -40,21 +42,35 @@ KEPT = re.compile(r"the (\d+) frames encoded before it are kept|only the first (
 
 
 class FullDisk:
-    """`room` bytes left for the files under `folder` once the first write comes."""
+    """`room` bytes left for the files under `folder` once the first write comes, besides
+    the space reserve; `reserve_fits` False: the disk cannot spare a reserve either."""
 
-    def __init__(self, folder: Path, room: int) -> None:
+    def __init__(self, folder: Path, room: int, reserve_fits: bool = True) -> None:
         self.folder, self.room, self.capacity = folder, room, None
+        self.reserve_fits = reserve_fits
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> FullDisk:
+        monkeypatch.setattr(disk, "_write", self.write)
+        if not self.reserve_fits:
+            monkeypatch.setattr(disk, "_allocate", no_room)
+        return self
 
     def used(self) -> int:
         return sum(p.lstat().st_size for p in self.folder.rglob("*") if p.is_file())
 
     def write(self, fd: int, data) -> int:
+        """Write what fits (a short count, as the kernel's write), ENOSPC when nothing does."""
         if self.capacity is None:
             self.capacity = self.used() + self.room
-        growth = os.lseek(fd, 0, os.SEEK_CUR) + len(data) - os.fstat(fd).st_size
-        if growth > self.capacity - self.used():
+        end = os.fstat(fd).st_size + self.capacity - self.used()  # the file may grow to here
+        fits = end - os.lseek(fd, 0, os.SEEK_CUR)
+        if fits <= 0 and len(data):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return os.write(fd, data)
+        return os.write(fd, memoryview(data)[:max(fits, 0)])
+
+
+def no_room(fd: int, offset: int, nbytes: int) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def noise(count: int, side: int = 32) -> np.ndarray:
@@ -101,8 +117,7 @@ def kept_in(message: str) -> int:
 
 @pytest.mark.parametrize("output", FORMATS)
 def test_a_full_disk_mid_run_keeps_every_encoded_frame(tmp_path, monkeypatch, output):
-    full = FullDisk(tmp_path, ROOM_BYTES)
-    monkeypatch.setattr(disk, "_write", full.write)
+    FullDisk(tmp_path, ROOM_BYTES).install(monkeypatch)
     frames = noise(NOISE_FRAMES)
 
     writer, message = write_until_full(tmp_path / output, frames)
@@ -122,10 +137,10 @@ def test_a_full_disk_mid_run_keeps_every_encoded_frame(tmp_path, monkeypatch, ou
 
 
 @pytest.mark.parametrize("output", FORMATS)
-def test_without_a_reserve_the_message_and_info_say_what_the_target_holds(tmp_path,
-                                                                          monkeypatch, output):
-    monkeypatch.setattr(disk, "RESERVE_BYTES", 0)  # the disk could not spare one
-    monkeypatch.setattr(disk, "_write", FullDisk(tmp_path, ROOM_BYTES).write)
+def test_on_a_nearly_full_disk_the_message_and_info_say_what_the_target_holds(tmp_path,
+                                                                              monkeypatch,
+                                                                              output):
+    FullDisk(tmp_path, ROOM_BYTES, reserve_fits=False).install(monkeypatch)  # no reserve
     target = tmp_path / output
     if not output.endswith("/"):
         target.write_bytes(b"the old video")
@@ -134,18 +149,45 @@ def test_without_a_reserve_the_message_and_info_say_what_the_target_holds(tmp_pa
 
     kept = writer.info.frames
     assert kept == kept_in(message)
-    if output in ("out.npy", "out.gif", "frames/"):  # finished in place: no room needed
-        assert kept > 0 and "frames encoded before it are kept" in message
+    if output in ("out.mp4", "out.npy", "out.gif", "frames/"):  # each keeps what fits
+        assert kept > 0 and re.search("frames encoded before it are kept|only the first",
+                                      message)
     if kept:
         assert len(read_frames(target)) == kept
-    else:  # e.g. mp4: no room for its index
-        assert f"no frame could be kept and '{target}' was not changed" in message
+    else:  # the first cluster (mkv, webm) or the whole file (webp) did not fit
+        assert (f"no frame could be kept and '{target}' was not changed: the file could not "
+                f"be finished, and the part of it on disk holds no whole frame;") in message
         assert target.read_bytes() == b"the old video"
     assert leftovers(tmp_path) == []
 
 
+def test_an_mp4_on_a_nearly_full_disk_keeps_the_frames_that_fit(tmp_path, monkeypatch):
+    FullDisk(tmp_path, ROOM_BYTES, reserve_fits=False).install(monkeypatch)
+    target = tmp_path / "out.mp4"
+
+    writer, message = write_until_full(target, noise(NOISE_FRAMES))
+
+    # ~870 bytes a frame: of the 8000 bytes, at most a frame and the header go unused
+    assert 6 <= writer.info.frames == kept_in(message) == len(read_frames(target))
+    assert target.stat().st_size > ROOM_BYTES - 2000
+
+
+def test_an_mp4_on_a_full_disk_says_it_kept_nothing_and_why(tmp_path, monkeypatch):
+    FullDisk(tmp_path, 0, reserve_fits=False).install(monkeypatch)
+
+    writer, message = write_until_full(tmp_path / "out.mp4", noise(8))
+
+    assert writer.info.frames == 0 and not (tmp_path / "out.mp4").exists()
+    assert re.search(r"failed after \d+ frames \(OSError: \[Errno 28\] No space left on "
+                     r"device\); no frame could be kept and '.*out\.mp4' was not changed: the "
+                     r"file could not be finished, and the part of it on disk holds no whole "
+                     r"frame; the disk holding '.*' is full: free some space, then rerun$",
+                     message), message
+    assert leftovers(tmp_path) == []
+
+
 def test_a_disk_full_from_the_start_leaves_an_old_png_folder_alone(tmp_path, monkeypatch):
-    monkeypatch.setattr(disk, "_write", FullDisk(tmp_path, 0).write)
+    FullDisk(tmp_path, 0).install(monkeypatch)
     (tmp_path / "frames").mkdir()
     (tmp_path / "frames" / "frame_000000.png").write_bytes(b"old")
 
@@ -199,9 +241,7 @@ def rollout(folder: Path, output: str, room: int, monkeypatch, reserve: bool = T
             "runtime": {"device": "cpu", "memory_budget": "16MiB"},
             "rollout": {"frames": 12, "prompt": "a"}, "output": {"path": output, "fps": 8}}
     (folder / "run.yaml").write_text(yaml.safe_dump(data))
-    if not reserve:
-        monkeypatch.setattr(disk, "RESERVE_BYTES", 0)
-    monkeypatch.setattr(disk, "_write", FullDisk(folder, room).write)
+    FullDisk(folder, room, reserve_fits=reserve).install(monkeypatch)
     monkeypatch.chdir(folder)
     result = CliRunner().invoke(app, ["rollout", "run.yaml", "--json", "stats.json", "--quiet"])
     return result, json.loads((folder / "stats.json").read_text())
@@ -214,35 +254,49 @@ def test_the_stats_and_the_error_agree_with_the_file_when_only_some_frames_fit(t
 
     assert result.exit_code == 1
     assert stats["status"] == "failed" and stats["outputs"][0]["frames"] == 3
+    assert stats["frames"]["written"] == 3  # what the file holds, not what reached the writer
     assert "the 3 frames encoded before it are kept in 'out.npy'" in stats["error"]
     assert result.stderr.strip() == f"error: {stats['error']}"
     assert len(np.load(tmp_path / "out.npy")) == 3
 
 
-def test_an_mp4_that_cannot_be_finished_says_so_and_leaves_the_old_file(tmp_path, monkeypatch):
+def test_an_mp4_with_no_room_at_all_says_it_kept_nothing_and_why(tmp_path, monkeypatch):
     (tmp_path / "out.mp4").write_bytes(b"yesterday's video")
     result, stats = rollout(tmp_path, "out.mp4", 0, monkeypatch, reserve=False)
 
     assert result.exit_code == 1
     assert stats["outputs"][0]["frames"] == 0 == stats["outputs"][0]["bytes"]
+    assert stats["frames"]["written"] == 0
     assert re.search(r"failed after \d+ frames \(OSError: \[Errno 28\] No space left on device\); "
-                     r"no frame could be kept and 'out\.mp4' was not changed", stats["error"])
+                     r"no frame could be kept and 'out\.mp4' was not changed: the file could "
+                     r"not be finished, and the part of it on disk holds no whole frame; the "
+                     r"disk holding '.*' is full", stats["error"])
     assert (tmp_path / "out.mp4").read_bytes() == b"yesterday's video"
     assert leftovers(tmp_path) == []
 
 
 # -- a real full disk --------------------------------------------------------------------------
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    """An 18 MiB tmpfs (root only): room for the 16 MiB reserve and 2 MiB of video."""
-    mount = tmp_path / "tmpfs"
+def mount_tmpfs(mount: Path, size: str):
+    """A tmpfs of `size` at `mount` while the generator runs (root only: skips elsewhere)."""
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=18m", "tmpfs", str(mount)],
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
                           capture_output=True)
     if done.returncode != 0:
         pytest.skip("cannot mount a tmpfs here (needs root)")
     yield mount
     subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """An 18 MiB tmpfs: room for the 16 MiB reserve and 2 MiB of video."""
+    yield from mount_tmpfs(tmp_path / "tmpfs", "18m")
+
+
+@pytest.fixture
+def nearly_full_tmpfs(tmp_path):
+    """A 600 KiB tmpfs: no room for a reserve, even the 1 MiB one."""
+    yield from mount_tmpfs(tmp_path / "tmpfs", "600k")
 
 
 @pytest.mark.slow
@@ -259,3 +313,19 @@ def test_a_real_full_disk_keeps_every_encoded_frame(small_tmpfs, output):
 
     assert 0 < writer.info.frames == kept_in(str(caught.value)) == len(read_frames(target))
     assert leftovers(small_tmpfs) == []
+
+
+@pytest.mark.slow
+def test_a_real_nearly_full_disk_keeps_the_mp4_frames_that_fit(nearly_full_tmpfs):
+    frames = noise(8, side=160)
+    target = nearly_full_tmpfs / "out.mp4"
+    writer = VideoWriter(target, 16)
+    with pytest.raises(EncoderError, match=r"No space left on device\); (only the first|the) "
+                                           r"\d+ ") as caught:
+        for _ in range(100):  # 100 x 8 noisy frames cannot fit in 600 KiB
+            writer.write(frames)
+        writer.close()
+
+    assert 0 < writer.info.frames == kept_in(str(caught.value)) == len(read_frames(target))
+    assert target.stat().st_size > 500 * 2**10  # what fitted, less a frame or two
+    assert leftovers(nearly_full_tmpfs) == []
