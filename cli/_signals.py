@@ -4,26 +4,39 @@
         ...                        a signal raises KeyboardInterrupt(name): nothing to lose
         signals.follow(stop)       a rollout: raise only while `stop.is_interruptible`
                                    (loading, warmup), else `stop.request(name)`
+        signals.when_stuck(display, finish)   a rollout: what the watchdog does
         signals.hold()             writing output: record signals, never raise
 
-At most one signal raises; later ones only wait, with one line on stderr, so the cleanup
-the first one started is never cut short. "First" means first to arrive, read off
-`signal.set_wakeup_fd` (`ArrivalOrder`), because CPython runs the handlers of signals
-pending together in signal-number order. Handlers live in the main thread; a signal
-ignored at start stays ignored; under the `ardiff` script (`end_with_the_process`) they
-give way to SIG_IGN, so a signal during interpreter shutdown cannot change the exit code.
+    a rollout:  1st signal: finish the block in flight, finalise, report
+                2nd, in the pipeline's code (the 1st once every file is final): abandon it
+                ... still there ABANDON_AFTER_S later: the watchdog takes the files over
+
+A signal's cleanup is not cut short by the next one, except the pipeline's code
+(`stop.gate`), which KeyboardInterrupt(first signal) abandons; where that code cannot be
+interrupted (a blocking C call, a loop that swallows it), the watchdog thread (the `ardiff`
+script only) finalises the files, has `finish` write the stats and ends the process
+(ardiff_cli._exit). "First" is first to arrive, read off `signal.set_wakeup_fd`
+(`ArrivalOrder`; the C handler writes it even while the main thread is stuck): CPython runs
+pending handlers in signal-number order. A signal ignored at start stays ignored; under the
+`ardiff` script the handlers give way to SIG_IGN, so a late signal cannot change the exit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
-from typing import Any
+import time
+from types import FrameType
+from typing import Any, Callable, ContextManager, NamedTuple
 
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
                      if hasattr(signal, name))
+ABANDON_AFTER_S = 3.0   # after the signal that abandons it, how long pipeline code may still run
+WATCH_EVERY_S = 0.05    # how often the watchdog looks
+RETRY_ABANDON_S = 0.01  # an abandon that found the main thread in ardiff's code: again after
 _ends_with_the_process = False
 
 
@@ -40,10 +53,14 @@ class StopSignals:
     def __init__(self) -> None:
         self.received: str | None = None  # the first signal's name
         self._stop: Any = None            # a library stop object (see `follow`)
-        self._held = False                # no signal may raise any more
+        self._raised = False              # the first signal raised: the others wait
+        self._held = False                # output is written: no signal may raise any more
+        self._stuck: tuple[ContextManager[Any], Callable[[Any], object]] | None = None
         self._previous: dict[int, Any] = {}
         self._order = ArrivalOrder()
         self._swapped: tuple[str, str] | None = None  # (first come, first handled) if unlike
+        self._watchdog: Watchdog | None = None
+        self._retry_pending = False  # an abandon that would have cut through ardiff's code
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
@@ -52,9 +69,14 @@ class StopSignals:
                 if previous is not signal.SIG_IGN:
                     self._previous[signum] = signal.signal(signum, self._handle)
             self._order.open()  # after: a byte in it is a signal these handlers will see
+            if _ends_with_the_process and self._order.is_open:
+                self._watchdog = Watchdog(self)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
         for signum, previous in self._previous.items():
             if _ends_with_the_process:
                 previous = signal.SIG_IGN
@@ -68,11 +90,18 @@ class StopSignals:
         if self.received is not None:  # arrived before the job existed: stop before it starts
             stop.request(self.received)
 
+    def when_stuck(self, display: ContextManager[Any], finish: Callable[[Any], object]) -> None:
+        """What the watchdog does once it took over the files of a rollout stuck in the
+        pipeline: close `display` (a progress bar), then `finish(report)`, which writes the
+        stats and says the error (its `typer.Exit` carries the exit code). Without it (a
+        command that follows a stop but does not say), the watchdog does nothing."""
+        self._stuck = (display, finish)
+
     def hold(self) -> None:
         """From now on signals only wait: output is being written."""
         self._held = True
 
-    def _handle(self, signum: int, frame: object) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = self._arrived(signal.Signals(signum).name)
         first = self.received is None
         if first:
@@ -80,9 +109,33 @@ class StopSignals:
         if self._stop is not None:
             self._stop.request(name)
         if first and self._may_raise():
-            self._held = True  # a second signal must not cut short the cleanup this one starts
+            self._raised = True  # a second signal must not cut short the cleanup this starts
             raise KeyboardInterrupt(name)
+        self._retry_pending = False  # this call may be the retry
+        if (not first or self._is_closing()) and self._may_abort():
+            if _in_ardiffs_own_code(frame):  # its pages, sessions or files: not there
+                self._abandon_later(signum)
+                return
+            _say(self._abort_line(name))
+            raise KeyboardInterrupt(self.received)  # reported as the first signal's stop
         _say(self._waiting_line(name, first))
+
+    def _abandon_later(self, signum: int) -> None:
+        """Send `signum` to the main thread again soon: its handler then finds the pipeline's
+        code (the block resumed in it), or nothing left to abandon."""
+        if self._retry_pending:
+            return
+        self._retry_pending = True
+        main = threading.main_thread().ident
+        assert main is not None, "the main thread runs"
+
+        def resend() -> None:
+            if signal.getsignal(signum) == self._handle:  # not once the command is over
+                signal.pthread_kill(main, signum)
+
+        timer = threading.Timer(RETRY_ABANDON_S, resend)
+        timer.daemon = True
+        timer.start()
 
     def _arrived(self, name: str) -> str:
         """The signal this handler call stands for: for the first call, the signal that came
@@ -97,21 +150,134 @@ class StopSignals:
         return name
 
     def _may_raise(self) -> bool:
-        return not self._held and (self._stop is None or self._stop.is_interruptible)
+        return (not self._held and not self._raised
+                and (self._stop is None or self._stop.is_interruptible))
+
+    def _is_closing(self) -> bool:
+        """Every file is final (the pipeline closes its sessions): one signal may abandon
+        the pipeline's code, as nothing of the output is left to lose."""
+        return getattr(self._stop, "phase", None) == "closing"
+
+    def _may_abort(self) -> bool:
+        """Whether the main thread runs the pipeline's code for a job that can lose it."""
+        gate = getattr(self._stop, "gate", None)
+        return (not self._held and gate is not None and gate.pipeline_since is not None
+                and not gate.taken_over)
 
     def _waiting_line(self, name: str, first: bool) -> str:
-        if first and getattr(self._stop, "phase", None) == "rollout":
-            return f"stopping ({name}): finishing the current block, then finalising..."
-        return f"finalising... ({name} waits until every file is written)"
+        phase = getattr(self._stop, "phase", None)
+        if phase == "closing":
+            return f"stopping ({name}): every file is written; the pipeline closes its sessions"
+        files_open = getattr(getattr(self._stop, "gate", None), "open_files", 1)  # 1: unknown
+        if first and phase == "rollout":
+            then = ", then finalising..." if files_open else "..."
+            return f"stopping ({name}): finishing the current block{then}"
+        if self._held or phase in ("finalising", "done") or (phase == "rollout" and files_open):
+            return f"finalising... ({name} waits until every file is written)"
+        return f"stopping... ({name} waits for the cleanup the first signal started)"
+
+    def _abort_line(self, name: str, why: str = "") -> str:
+        """What a second signal (or the watchdog) abandons, and whether files are finalised."""
+        phase = self._stop.phase
+        what = {"warmup": "the warmup", "closing": "the pipeline's session cleanup"}.get(
+            phase, "the block in flight")
+        then = ("finalising..." if self._stop.gate.open_files
+                else "every file is written" if phase == "closing" else "nothing to finalise")
+        return f"stopping now ({name}): {what} is abandoned{why}; {then}"
+
+    # -- the watchdog's side ---------------------------------------------------------------
+    def _is_stuck(self, arrivals: list[tuple[str, float]]) -> bool:
+        """Whether the main thread has run code the watchdog may abandon for ABANDON_AFTER_S
+        since the second stop signal came (the first, once every file is final) (watchdog
+        thread)."""
+        needed = 1 if self._is_closing() else 2
+        if len(arrivals) < needed or self._held:
+            return False
+        since = self._abandonable_since()
+        return (since is not None
+                and time.monotonic() - max(arrivals[needed - 1][1], since) >= ABANDON_AFTER_S)
+
+    def _abandonable_since(self) -> float | None:
+        """Since when the main thread runs code the watchdog may abandon (0.0: whatever it
+        runs, nothing is on disk yet); None: nothing it may abandon now."""
+        stop = self._stop
+        if stop is None:  # a command without a rollout
+            return 0.0
+        if self._stuck is None:  # it did not say what to do (see `when_stuck`)
+            return None
+        gate = getattr(stop, "gate", None)
+        if gate is None:  # no rollout yet: while loading, nothing is on disk
+            return 0.0 if stop.phase == "loading" else None  # else ardiff.launch's processes
+        since: float | None = gate.pipeline_since
+        return since
+
+    def _end_stuck(self, arrivals: list[tuple[str, float]]) -> bool:
+        """End the process stuck in the pipeline (watchdog thread): the files taken over and
+        finalised, the stats written, exit. False: the main thread is not stuck any more."""
+        from ardiff_cli._exit import end_now
+
+        first, last = self.received or arrivals[0][0], arrivals[-1][0]
+        gate = getattr(self._stop, "gate", None)
+        if gate is None:
+            _say(f"stopping now ({last}): nothing is written yet")
+            _say(f"error: interrupted by {first}")
+            end_now(130)  # ardiff.errors.EXIT_INTERRUPTED, not imported at start-up
+        self._stop.request(first)  # its handler may never have run (a blocking C call)
+        line = self._abort_line(last, f" (it has not returned for {ABANDON_AFTER_S:g} s)")
+        report = gate.take_over(timeout_s=WATCH_EVERY_S)
+        if report is None:
+            return False
+        _say(line)
+        code = report.exit_code
+        assert self._stuck is not None, "_abandonable_since checked it"
+        display, finish = self._stuck
+        try:
+            with contextlib.suppress(Exception):  # a progress bar that cannot stop cleanly
+                display.__exit__(None, None, None)
+            finish(report)
+        except Exception as exc:  # typer.Exit: the exit code; anything else: the report's
+            code = getattr(exc, "exit_code", code)
+        finally:
+            end_now(code)
+
+
+class Watchdog:
+    """A daemon thread that reads the signals as they come (`ArrivalOrder`) and ends a
+    command whose main thread is stuck (`StopSignals._is_stuck`, `_end_stuck`)."""
+
+    def __init__(self, signals: StopSignals) -> None:
+        self._signals, self._quit = signals, threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="ardiff-stop-watchdog",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._quit.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _watch(self) -> None:
+        signals = self._signals
+        while not self._quit.wait(WATCH_EVERY_S):
+            arrivals = signals._order.arrivals()
+            if signals._is_stuck(arrivals) and signals._end_stuck(arrivals):
+                return
 
 
 class ArrivalOrder:
     """The stop signals in the order they came, from a wakeup pipe CPython writes each
-    signal's number to in its C handler (before any Python handler runs). Opened in the
-    main thread only, and only if no one else (an asyncio loop) has a wakeup fd set."""
+    signal's number to in its C handler (before any Python handler runs, and even while the
+    main thread is stuck in C code). Opened in the main thread only, and only if no one else
+    (an asyncio loop) has a wakeup fd set. Read by the handlers and the watchdog's thread."""
 
     def __init__(self) -> None:
         self._fds: tuple[int, int] | None = None
+        self._arrivals: list[tuple[str, float]] = []  # (name, time.monotonic() when read)
+        self._lock = threading.RLock()  # reentrant: a handler may run inside another
+
+    @property
+    def is_open(self) -> bool:
+        return self._fds is not None
 
     def open(self) -> None:
         fds = os.pipe()
@@ -126,23 +292,76 @@ class ArrivalOrder:
 
     def first(self) -> str | None:
         """The first stop signal among those that came since `open` (None: unknown)."""
-        if self._fds is None:
-            return None
-        try:
-            data = os.read(self._fds[0], 256)
-        except OSError:  # empty (BlockingIOError): its byte is not written yet
-            return None
-        numbers = [signum for signum in data if signum in STOP_SIGNALS]
-        return signal.Signals(numbers[0]).name if numbers else None
+        arrivals = self.arrivals()
+        return arrivals[0][0] if arrivals else None
+
+    def arrivals(self) -> list[tuple[str, float]]:
+        """Every stop signal that came since `open`, in order, with when it was read."""
+        with self._lock:
+            while self._fds is not None:
+                try:
+                    data = os.read(self._fds[0], 256)
+                except OSError:  # empty (BlockingIOError): nothing more is written yet
+                    break
+                if not data:
+                    break
+                now = time.monotonic()
+                self._arrivals += [(signal.Signals(signum).name, now) for signum in data
+                                   if signum in STOP_SIGNALS]
+            return list(self._arrivals)
 
     def close(self) -> None:
-        if self._fds is None:
-            return
-        current = signal.set_wakeup_fd(-1)
-        if current not in (-1, self._fds[1]):  # replaced meanwhile: theirs stays
-            signal.set_wakeup_fd(current)
-        _close_all(self._fds)
-        self._fds = None
+        with self._lock:
+            if self._fds is None:
+                return
+            current = signal.set_wakeup_fd(-1)
+            if current not in (-1, self._fds[1]):  # replaced meanwhile: theirs stays
+                signal.set_wakeup_fd(current)
+            _close_all(self._fds)
+            self._fds = None
+
+
+def _in_ardiffs_own_code(frame: FrameType | None) -> bool:
+    """Whether an exception raised in `frame` now would cut through ardiff's bookkeeping (KV
+    pages, sessions, files), not the pipeline's code: the innermost frame that is neither
+    torch's, numpy's nor the standard library's is ardiff's (not one of its shipped
+    pipelines')."""
+    roots = _CodeRoots.now()
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if path.startswith(roots.ardiff) and not path.startswith(roots.pipelines):
+            return True
+        if not roots.is_called(path):
+            return False
+        frame = frame.f_back
+    return False
+
+
+class _CodeRoots(NamedTuple):
+    """Where code lives: ardiff's, its pipelines', and what a pipeline calls into."""
+
+    ardiff: str
+    pipelines: str
+    libraries: tuple[str, ...]  # torch, numpy, frozen modules
+    stdlib: str
+    site: tuple[str, ...]       # third-party packages (a pipeline's own among them)
+
+    @classmethod
+    def now(cls) -> _CodeRoots:
+        import sysconfig
+
+        def folder(name: str) -> str:
+            path = getattr(sys.modules.get(name), "__file__", None)
+            return "\0" if path is None else os.path.dirname(path) + os.sep  # \0: no path
+
+        paths = sysconfig.get_paths()
+        ardiff = folder("ardiff")
+        return cls(ardiff, f"{ardiff}pipelines{os.sep}", (folder("torch"), folder("numpy"), "<"),
+                   paths["stdlib"] + os.sep, (paths["purelib"] + os.sep, paths["platlib"] + os.sep))
+
+    def is_called(self, path: str) -> bool:
+        return path.startswith(self.libraries) or (path.startswith(self.stdlib)
+                                                   and not path.startswith(self.site))
 
 
 def _close_all(fds: tuple[int, ...]) -> None:

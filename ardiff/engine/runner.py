@@ -123,7 +123,8 @@ class Runner:
         return BlockResult(output, latency)
 
     def _forward(self, request: RolloutRequest, stage: list[str]) -> BlockOutput:
-        """generate_block inside the pipeline's bind; the state is closed when the bind ends."""
+        """generate_block inside the pipeline's bind; the state is closed when the bind ends,
+        and a KV block the pipeline entered and never exited with it (a failed forward)."""
         state = open_state(self.cache, request.session_id)
         raised: BaseException | None = None
         try:
@@ -136,12 +137,18 @@ class Runner:
                     raise
                 stage[0] = "bind_ar_diffusion_state"  # its exit
         finally:
-            state.close()
+            left_open = state.close()
         if raised is not None:  # the bind's __exit__ swallowed it: the block never finished
             raise PipelineError(f"session {request.session_id!r} block {request.block_index}: "
                                 f"bind_ar_diffusion_state suppressed {type(raised).__name__}: "
                                 f"{raised}; a bind must let the forward's exceptions "
                                 f"through") from raised
+        if left_open:
+            raise PipelineError(f"session {request.session_id!r} block {request.block_index}: "
+                                f"generate_block returned with {' and '.join(left_open)} still "
+                                f"open (entered, never exited); nothing of it was committed "
+                                f"and its KV pages are back in the pool; enter KV blocks with "
+                                f"`with state.block(...)`")
         return output
 
     def _bind(self, session_id: str, state: KVState) -> AbstractContextManager[None]:

@@ -9,14 +9,16 @@
 
 This module checks every argument and the block lifecycle, then delegates storage to the
 backend's branch and block objects (`BranchKV`, `BlockKV`), which never know about states:
-a state closes itself, and a released session makes every state over it unusable.
+a state closes itself, and a released session makes every state over it unusable. A block
+entered and never exited (`state.block(...).__enter__()` alone) is given back when its
+state closes: `close()` returns how to name it, so the runner can fail the forward.
 """
 
 from __future__ import annotations
 
 import contextlib
 from types import TracebackType
-from typing import Any, Iterator, Literal
+from typing import Any, Iterator, Literal, NamedTuple
 
 import torch
 
@@ -153,15 +155,38 @@ class BlockScope:
             raise
         self.slot = slot
         self.blk = Block(state, branch, self.kv, num_frames, self.commit)
+        state._in_flight_blocks.append(InFlight(self.blk, self.kv, slot))
         return self.blk
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> Literal[False]:
+        if self.blk.is_finished:  # given back when its state closed: that state is over
+            self.state.check_open()
+            return False
         try:
             self.state._finish(self.blk, self.kv, failed=exc_type is not None)
         finally:
+            self.state._left(self.blk)
             self.state._cache.close_slot(self.slot)
         return False
+
+
+class InFlight(NamedTuple):
+    """A block between its `with`'s enter and exit: what `KVState.close` gives back if the
+    exit never comes."""
+
+    blk: Block
+    kv: BlockKV
+    slot: int
+
+    def give_back(self, cache: KVCacheBase[Any]) -> str:
+        """Commit nothing: its pages go back to the pool, its slot is free; returns its name."""
+        self.blk.finish()
+        try:
+            self.kv.abort()
+        finally:
+            cache.close_slot(self.slot)
+        return f"a {self.blk.kind} block of branch {self.blk.branch!r}"
 
 
 def open_state(cache: KVCacheBase[Any], session_id: str) -> KVState:
@@ -181,10 +206,24 @@ class KVState:
         self.spec = cache.spec
         self.checks = TensorChecks(cache.spec, cache.torch_dtype, cache.device)
         self._closed = False
+        self._in_flight_blocks: list[InFlight] = []  # entered, not yet exited
 
-    def close(self) -> None:
-        """End the bind; any later use raises. Safe to call twice."""
+    def close(self) -> list[str]:
+        """End the bind; any later use raises. Safe to call twice. A block still in flight
+        (entered, never exited) is given back: nothing of it is committed, its pages return
+        to the pool. Returns how to name each such block (none: [])."""
         self._closed = True
+        given_back = []
+        while self._in_flight_blocks:
+            given_back.append(self._in_flight_blocks.pop().give_back(self._cache))
+        return given_back[::-1]
+
+    def _left(self, blk: Block) -> bool:
+        """`blk`'s `with` ended (by any path): it is no longer in flight. False: it was not
+        (`close` gave it back before)."""
+        before = len(self._in_flight_blocks)
+        self._in_flight_blocks = [f for f in self._in_flight_blocks if f.blk is not blk]
+        return len(self._in_flight_blocks) < before
 
     def check_open(self) -> None:
         if self._closed or self._session.is_released:
@@ -221,17 +260,19 @@ class KVState:
         slot = self._session.claim_slot(branch)
         history: BranchKV = self._session.branch(branch)
         self._check_kept(branch, history.kept_frames, start_frame, num_frames)
-        with self._in_flight(slot, branch):
-            kv = history.begin_recache(start_frame, num_frames)
-            yield from self._run(Block(self, branch, kv, num_frames, True, "recache"), kv)
-
-    @contextlib.contextmanager
-    def _in_flight(self, slot: int, branch: str) -> Iterator[None]:
         self._cache.open_slot(slot, branch)
         try:
-            yield
-        finally:
+            kv = history.begin_recache(start_frame, num_frames)
+        except BaseException:
             self._cache.close_slot(slot)
+            raise
+        blk = Block(self, branch, kv, num_frames, True, "recache")
+        self._in_flight_blocks.append(InFlight(blk, kv, slot))
+        try:
+            yield from self._run(blk, kv)
+        finally:
+            if self._left(blk):  # else `close` gave it back, its slot with it
+                self._cache.close_slot(slot)
 
     def _finish(self, blk: Block, kv: BlockKV, failed: bool) -> None:
         """End a block: commit it on a clean exit (if it commits), else give it back."""
@@ -257,8 +298,9 @@ class KVState:
                 self.check_open()  # a released session's table must not take pages
                 blk.check_complete()
         except BaseException:
-            blk.finish()
-            kv.abort()
+            if not blk.is_finished:  # (`close` gave back one whose `with` never ended)
+                blk.finish()
+                kv.abort()
             raise
         blk.finish()
         kv.commit() if blk.is_commit else kv.abort()

@@ -280,3 +280,220 @@ def test_in_the_script_a_signal_after_the_command_is_ignored_so_the_exit_code_st
         module.end_with_the_process(False)
         for signum, handler in before.items():
             signal.signal(signum, handler)
+
+
+# -- a stuck pipeline (#25) ----------------------------------------------------------------------
+# A block that never returns: a second signal abandons it (a Python handler can raise there),
+# else the watchdog takes the files over ABANDON_AFTER_S later. The in-process cases (a sleep,
+# a loop, a close hook) are rows of tests/rollout/test_faults.py; here the real script.
+ABANDONED = "stopping now (SIGINT): the block in flight is abandoned; finalising..."
+TAKEN_OVER = ("stopping now (SIGINT): the block in flight is abandoned (it has not returned "
+              "for 3 s); finalising...")
+
+
+def start_rollout(folder: Path, config: Path, *args: str) -> tuple[subprocess.Popen, Path]:
+    """The `ardiff` script on `config` in its own session; its stderr goes to a file."""
+    stderr = folder / "stderr.txt"
+    with open(stderr, "w") as stderr_file:
+        proc = subprocess.Popen([ARDIFF, "rollout", str(config), "--quiet", *args], cwd=folder,
+                                env=ENV, stdout=subprocess.DEVNULL, stderr=stderr_file,
+                                start_new_session=True)
+    return proc, stderr
+
+
+def stop_twice_while_stuck(tmp_path: Path, wait_for_first: bool = True, once: bool = False,
+                           **args) -> tuple:
+    """A rollout whose block 2 (or close hook) hangs as `args` say: SIGTERM, then SIGINT
+    (once the first is acknowledged, if `wait_for_first`; not at all if `once`); returns
+    (exit code, stderr lines)."""
+    marker = tmp_path / "blocks"
+    config = write_config(tmp_path, args.pop("frames", 400), marker=str(marker),
+                          hang_s=WAIT_S, **args)
+    proc, stderr = start_rollout(tmp_path, config, "--json", "stats.json")
+    try:
+        wait_for(Path(f"{marker}.hang").exists, proc, "the hang")
+        os.kill(proc.pid, signal.SIGTERM)
+        if wait_for_first:
+            wait_for(lambda: "stopping (SIGTERM)" in stderr.read_text(), proc, "the first stop")
+        if not once:
+            os.kill(proc.pid, signal.SIGINT)
+        proc.wait(timeout=WAIT_S)  # the hang itself gives up after WAIT_S: exit 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, stderr.read_text().splitlines()
+
+
+def assert_finished_blocks_kept(folder: Path, frames: int, status: str = "interrupted") -> dict:
+    stats = json.loads((folder / "stats.json").read_text())
+    jsonschema.validate(stats, STATS_SCHEMA)
+    assert stats["status"] == status
+    video = decode(folder / "out.mp4")
+    assert len(video) == stats["outputs"][0]["frames"] == stats["frames"]["written"] == frames
+    assert [float(f.mean()) for f in video] == pytest.approx(list(range(frames)),
+                                                             abs=LOSSY_TOLERANCE)
+    assert not list(folder.glob(".*partial*"))
+    return stats
+
+
+@pytest.mark.slow
+def test_a_block_stuck_in_a_blocking_call_is_taken_over_after_the_second_signal(tmp_path):
+    code, lines = stop_twice_while_stuck(tmp_path, wait_for_first=False, fault="hang",
+                                         hang="c_call", at_block=2)
+
+    assert code == 130, lines
+    # the first line only if SIGTERM came before the C call began: its handler ran then
+    assert lines[-2:] == [TAKEN_OVER, "error: interrupted by SIGTERM"] and len(lines) <= 3
+    stats = assert_finished_blocks_kept(tmp_path, 2 * FRAMES_PER_BLOCK)
+    assert stats["error"] == "interrupted by SIGTERM"
+    assert stats["kv"]["pages_in_use"] > 0  # what the stuck block holds, said as it is
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("hang, by_watchdog", [("sleep", False), ("busy", False),
+                                               ("swallow", True)])
+def test_a_second_signal_abandons_a_block_that_hangs(tmp_path, hang, by_watchdog):
+    code, lines = stop_twice_while_stuck(tmp_path, fault="hang", hang=hang, at_block=2)
+
+    assert code == 130, lines
+    assert lines == ["stopping (SIGTERM): finishing the current block, then finalising...",
+                     ABANDONED, *([TAKEN_OVER] if by_watchdog else []),
+                     "error: interrupted by SIGTERM"]
+    stats = assert_finished_blocks_kept(tmp_path, 2 * FRAMES_PER_BLOCK)
+    assert (stats["kv"]["pages_in_use"] == 0) is not by_watchdog
+
+
+@pytest.mark.heavy
+def test_a_close_hook_stuck_in_a_blocking_call_cannot_keep_a_finished_run_alive(tmp_path):
+    code, lines = stop_twice_while_stuck(tmp_path, wait_for_first=False, once=True, frames=8,
+                                         fault="close_hang", hang="c_call")
+
+    assert code == 0, lines
+    assert lines[-2:] == [
+        "stopping now (SIGTERM): the pipeline's session cleanup is abandoned (it has not "
+        "returned for 3 s); every file is written",
+        "warning: interrupted by SIGTERM after every frame was written: the pipeline's session "
+        "cleanup was cut short"]
+    assert_finished_blocks_kept(tmp_path, 8, status="ok")
+
+
+@pytest.mark.heavy
+def test_a_thread_the_pipeline_never_ends_does_not_keep_the_process_alive(tmp_path):
+    config = write_config(tmp_path, 4, fault="thread")
+    proc, stderr = start_rollout(tmp_path, config, "--json", "stats.json")
+    try:
+        proc.wait(timeout=WAIT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+    assert proc.returncode == 0, stderr.read_text()
+    assert stderr.read_text().splitlines() == [
+        "warning: 1 thread(s) the pipeline started are still running ('never-ends'); ending "
+        "without waiting for them"]
+    assert_finished_blocks_kept(tmp_path, 4, status="ok")
+
+
+@pytest.mark.heavy
+def test_a_json_fifo_without_a_reader_does_not_block_a_stop(tmp_path):
+    marker = tmp_path / "blocks"
+    config = write_config(tmp_path, 400, block_sleep_s=0.05, marker=str(marker))
+    os.mkfifo(tmp_path / "stats.fifo")
+    proc, stderr = start_rollout(tmp_path, config, "--json", "stats.fifo")
+    try:
+        wait_for(lambda: blocks_made(marker) >= 2, proc, "second block")
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=WAIT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+    assert proc.returncode == 130
+    assert stderr.read_text().splitlines()[-2:] == [
+        "warning: --json: 'stats.fifo' is a FIFO and no reader opened it within 5 s; the stats "
+        "were not written; the video is kept; start its reader first",
+        "error: interrupted by SIGTERM"]
+
+
+# -- in this process: the --json FIFO, the second signal's lines -------------------------------
+def test_a_json_fifo_is_written_to_its_reader_and_given_up_without_one(tmp_path, monkeypatch):
+    from ardiff_cli import _options
+
+    monkeypatch.setattr(_options, "FIFO_WAIT_S", 0.2)
+    config = write_config(tmp_path, 4, output="out.npy")
+    fifo = tmp_path / "stats.fifo"
+    os.mkfifo(fifo)
+    read: list[str] = []
+    reader = threading.Thread(target=lambda: read.append(fifo.read_text()))
+    reader.start()
+    with_reader = CliRunner().invoke(app, ["rollout", str(config), "--json", str(fifo), "-q"])
+    reader.join(WAIT_S)
+    without = CliRunner().invoke(app, ["rollout", str(config), "--json", str(fifo), "-q"])
+
+    assert with_reader.exit_code == 0, with_reader.output
+    assert json.loads(read[0])["frames"]["written"] == 4
+    assert without.exit_code == 1
+    assert without.stderr.splitlines() == [
+        f"error: --json: '{fifo}' is a FIFO and no reader opened it within 0.2 s; the stats "
+        f"were not written; the video is kept; start its reader first"]
+
+
+def test_a_second_signal_raises_only_in_the_pipelines_code(capsys):
+    from ardiff.rollout.gate import FileGate
+
+    stop = RolloutStop()
+    stop.phase, stop.gate = "rollout", FileGate(lambda: None)
+    stop.gate.open_files = 1
+    with StopSignals() as signals:
+        signals.follow(stop)
+        signal.raise_signal(signal.SIGTERM)  # the first: a request
+        signal.raise_signal(signal.SIGHUP)   # writing a block: it waits
+        with pytest.raises(KeyboardInterrupt, match="^SIGTERM$"), stop.gate.pipeline():
+            signal.raise_signal(signal.SIGINT)  # in the pipeline's code: abandon the block
+        stop.phase, stop.gate.open_files = "closing", 0
+        with pytest.raises(KeyboardInterrupt, match="^SIGTERM$"), stop.gate.pipeline():
+            signal.raise_signal(signal.SIGHUP)  # a close hook
+        signal.raise_signal(signal.SIGINT)
+    assert capsys.readouterr().err.splitlines() == [
+        "stopping (SIGTERM): finishing the current block, then finalising...",
+        "finalising... (SIGHUP waits until every file is written)",
+        ABANDONED,
+        "stopping now (SIGHUP): the pipeline's session cleanup is abandoned; every file is "
+        "written",
+        "stopping (SIGINT): every file is written; the pipeline closes its sessions"]
+    assert stop.reason == "SIGTERM"
+
+
+def test_once_every_file_is_final_the_first_signal_abandons_the_pipelines_code(capsys):
+    from ardiff.rollout.gate import FileGate
+
+    stop = RolloutStop()
+    stop.phase, stop.gate = "closing", FileGate(lambda: None)
+    with StopSignals() as signals:
+        signals.follow(stop)
+        with pytest.raises(KeyboardInterrupt, match="^SIGHUP$"), stop.gate.pipeline():
+            signal.raise_signal(signal.SIGHUP)  # a close hook that would not return
+    assert capsys.readouterr().err.splitlines() == [
+        "stopping now (SIGHUP): the pipeline's session cleanup is abandoned; every file is "
+        "written"]
+
+
+def test_an_abandon_lands_in_the_pipelines_code_never_in_ardiffs_bookkeeping():
+    from ardiff.kv.state import _spans  # pure ardiff code, standing in for its KV bookkeeping
+    from ardiff.rollout.gate import FileGate
+
+    stop = RolloutStop()
+    stop.phase, stop.gate = "rollout", FileGate(lambda: None)
+    main = threading.main_thread().ident
+    with StopSignals() as signals:
+        signals.follow(stop)
+        signal.raise_signal(signal.SIGTERM)
+        with pytest.raises(KeyboardInterrupt, match="^SIGTERM$") as abandoned:
+            with stop.gate.pipeline():  # a "pipeline" that spends its time in ardiff's code
+                threading.Timer(0.01, signal.pthread_kill, (main, signal.SIGINT)).start()
+                deadline = time.monotonic() + WAIT_S
+                while time.monotonic() < deadline:
+                    _spans(list(range(500)))
+    where = [Path(entry.path).name for entry in abandoned.traceback]
+    assert where[-2:] == ["test_signals.py", "_signals.py"]  # the handler raised here, not in
+    assert "state.py" not in where                           # ardiff's _spans

@@ -206,3 +206,19 @@ def test_a_ctrl_c_in_a_hook_still_leaves_the_map_and_the_cache_agreeing():
     with pytest.raises(KeyboardInterrupt):
         runner.close_session("a")
     assert "a" not in runner.sessions and not runner.cache.has_session("a")
+
+
+def test_a_kv_block_the_forward_never_exits_fails_it_naming_session_and_block():
+    from fault_pipelines import FaultPipeline
+
+    runner = make_runner(FaultPipeline(fault="open_block", at_block=1))
+    run(runner, "a", 1)
+    with pytest.raises(ardiff.PipelineError) as failed:
+        run(runner, "a", 1, first_block=1)
+    assert str(failed.value) == (
+        "session 'a' block 1: generate_block returned with a commit block of branch 'main' "
+        "still open (entered, never exited); nothing of it was committed and its KV pages are "
+        "back in the pool; enter KV blocks with `with state.block(...)`")
+    assert pages_in_use(runner) == 0 and runner.stats().sessions["failed"] == 1
+    run(runner, "a", 1)  # the session starts over, its slot free
+    assert runner.cache.num_committed_frames("a", "main") == 2

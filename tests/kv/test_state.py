@@ -384,3 +384,47 @@ def test_a_block_refused_for_its_positions_claims_no_slot(backend):
         with state.block("positive"):
             pass
     assert state._session.slot_owner == {}  # the other branch of the slot is still free
+
+
+# -- a block entered and never exited ----------------------------------------------------------
+def _enter_only(state, kind):
+    """Enter a block of `kind` the way a buggy pipeline does: `__enter__`, no `__exit__`
+    (the context manager kept alive: a dropped recache's generator would end it)."""
+    if kind == "recache":
+        scope = state.recache("main", start_frame=B)
+    else:
+        scope = state.block("main", commit=kind == "commit")
+    return scope, scope.__enter__()
+
+
+@pytest.mark.parametrize("kind", ["probe", "commit", "recache"])
+def test_a_block_never_exited_is_given_back_when_its_state_closes(backend, kind):
+    cache = cache_(backend)
+    state = open_state(cache, "s")
+    commit_block(state)
+    commit_block(state)
+    history = used_pages(cache)
+    _scope, blk = _enter_only(state, kind)
+    for layer in range(L):
+        blk.attend(layer, *qkv())
+
+    assert state.close() == [f"a {kind} block of branch 'main'"]
+
+    assert used_pages(cache) == history  # its in-flight pages are back in the pool
+    with pytest.raises(KVStateError, match="used after its bind ended"):
+        blk.attend(0, *qkv())
+    state = open_state(cache, "s")
+    assert state.num_committed_frames("main") == 2 * B  # nothing of it was committed
+    commit_block(state)  # and its slot is free again
+    assert state.close() == []
+
+
+def test_a_block_exited_after_its_state_closed_gave_it_back_raises_once(backend):
+    cache = cache_(backend)
+    state = open_state(cache, "s")
+    scope = state.block("main", commit=True)
+    scope.__enter__()
+    assert state.close() == ["a commit block of branch 'main'"]
+    with pytest.raises(KVStateError, match="used after its bind ended"):
+        scope.__exit__(None, None, None)
+    assert used_pages(cache) in (0, None) and state.close() == []
