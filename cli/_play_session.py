@@ -5,8 +5,8 @@
     finish(session, report, replay_args, debug)                    # log, summary, exit
 
 Refused before anything runs (exit 2, one line): a pipeline that declares no actions,
-a `play` section naming actions it does not have, an action log path that is the video
-or sits in a missing folder.
+a `play` section naming actions it does not have, a video or action log path that is
+another written or read file (ardiff.rollout.paths) or sits in a missing folder.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, Optional
 from ardiff.config.play import key_map
 from ardiff.errors import ArdiffError, ConfigError
 from ardiff.text import short_repr
+from ardiff_cli import _options as options
 from ardiff_cli._run_report import finish_run
 
 LOG_SUFFIX = ".actions.yaml"
@@ -51,38 +52,34 @@ class PlaySession:
                               f"action-conditioned pipeline, such as the default one")
         self.key_map = key_map(run_config.play, names)
         self.log_path = action_log_path(run_config.output.path, actions_out)
-        self._check_log_path()
+        # The video and the log: writable, distinct, and none of the files the game reads.
+        options.check_command_paths(run_config, config_path,
+                                    written=[("--actions-out", self.log_path)], pipeline=pipeline)
         self.blocks = None
 
-    def _check_log_path(self) -> None:
-        from ardiff.rollout.paths import check_rollout_paths
-
-        check_rollout_paths(self.config, config_file=self.config_path)
-        log = self.log_path
-        if not log.parent.is_dir():
-            raise ConfigError(f"--actions-out: the folder of {str(log)!r} does not exist; "
-                              f"create it or choose another path")
-        if log.resolve() == Path(self.config.output.path).expanduser().resolve():
-            raise ConfigError(f"--actions-out: {str(log)!r} is the video's path; choose "
-                              f"another name for the action log")
-
-    def run(self, stop_signals: Any) -> Any:
-        """Play until q, Ctrl-C, a stop signal or `rollout.frames`; returns the report."""
+    def run(self, stop_signals: Any, output: Any) -> Any:
+        """Play until q, Ctrl-C, a stop signal, the terminal going away (`output`, a
+        TerminalOutput) or `rollout.frames`; returns the report."""
         from ardiff.rollout.job import run_rollout  # one process: a game is not a parallel job
         from ardiff.rollout.live import LiveBlocks
         from ardiff.rollout.stop import RolloutStop
-        from ardiff_cli._keys import TerminalKeys
-        from ardiff_cli._play_display import Pacer, PlayDisplay
+        from ardiff_cli._keys import TerminalKeys, TerminalLost
+        from ardiff_cli._play_display import LOST_REASON, Pacer, PlayDisplay
 
         stop = RolloutStop()
         stop_signals.follow(stop)
+        output.follow(stop)
         fps = self.config.output.fps
-        with TerminalKeys(sys.stdin.fileno()) as keys:
-            pacer = Pacer(keys, self.key_map, fps)
-            self.blocks = LiveBlocks(pacer.choose)
-            with PlayDisplay(pacer, fps) as display:
-                report = run_rollout(self.config, on_event=display.update, stop=stop,
-                                     blocks=self.blocks)
+        try:
+            with TerminalKeys(sys.stdin.fileno()) as keys:
+                pacer = Pacer(keys, self.key_map, fps, on_lost=output.lose)
+                self.blocks = LiveBlocks(pacer.choose)
+                with PlayDisplay(pacer, fps) as display:
+                    report = run_rollout(self.config, on_event=display.update, stop=stop,
+                                         blocks=self.blocks)
+        except TerminalLost:  # gone before the game began: nothing played, nothing to keep
+            output.lose()
+            raise KeyboardInterrupt(LOST_REASON) from None
         report.frames_requested = report.frames_written  # a game asks for what was played
         return report
 
@@ -99,6 +96,7 @@ def finish(session: PlaySession, report: Any, replay_args: list[str], debug: boo
 
 def _write_log(session: PlaySession, report: Any, replay_args: list[str]) -> Optional[str]:
     from ardiff.rollout.live import write_action_log
+    from ardiff.video.disk import written_through
 
     replay = shlex.join(["ardiff", "rollout", *replay_args, "--seed",
                          str(session.config.rollout.seed), "--frames",
@@ -107,7 +105,14 @@ def _write_log(session: PlaySession, report: Any, replay_args: list[str]) -> Opt
     comment = ["ardiff play: the action of each AR block, in order. Replay it frame for frame:",
                f"  {replay}"]
     try:
-        write_action_log(session.log_path, session.blocks.log, comment)
+        with written_through(session.log_path) as path:  # a FIFO or device gets it whole
+            write_action_log(path, session.blocks.log, comment)
+    except TimeoutError as exc:
+        return (f"--actions-out: {str(session.log_path)!r} is a FIFO and {exc}; the action log "
+                f"was not written; start its reader first")
+    except OSError as exc:  # writing into a FIFO or device
+        return (f"--actions-out: cannot write {str(session.log_path)!r} ({type(exc).__name__}: "
+                f"{exc.strerror or exc}); choose a writable path")
     except ArdiffError as exc:
         return str(exc)
     print(f"actions: {session.log_path} ({len(session.blocks.log)} blocks); replay: {replay}",

@@ -20,7 +20,7 @@ from ardiff.errors import ConfigError
 from ardiff_cli import _options as options
 from ardiff_cli import _signals as signals
 from ardiff_cli._errors import handle_errors
-from ardiff_cli._play_display import describe_keys
+from ardiff_cli._play_display import LOST_REASON, TerminalOutput, describe_keys, terminal_state
 
 DEFAULT_OUTPUT = "ardiff_play.mp4"
 MAX_PLAY_FRAMES = 100_000  # ~1.7 h at 16 fps: the default limit of one game
@@ -43,25 +43,28 @@ def play_command(
     """Play an action-conditioned pipeline from the keyboard (no CONFIG: the embedded default).
 
     Needs a terminal. The video and the action log are written when the game ends (q,
-    Ctrl-C, or --frames reached); SIGTERM and SIGHUP end it too, exit 130.
+    Ctrl-C, or --frames reached); SIGTERM, SIGHUP and the terminal going away (window
+    closed, ssh dropped) end it too, exit 130.
     """
     from ardiff_cli import _play_session as play_session  # imports the runtime
 
-    with signals.StopSignals() as stop_signals:
+    with signals.StopSignals() as stop_signals, TerminalOutput() as terminal:
         with handle_errors(debug):
             run_config = options.load_run_config(config, overrides, {
                 "output.path": output, "rollout.frames": frames, "rollout.seed": seed,
                 "output.fps": fps, "runtime.device": device, "runtime.dtype": dtype})
             session = play_session.PlaySession(run_config, config, actions_out)
-            _check_terminal()
+            _check_terminal(terminal)
             print(f"keys: {describe_keys(session.key_map)}", file=sys.stderr)
-            result = session.run(stop_signals)
+            result = session.run(stop_signals, terminal)
         stop_signals.hold()
         play_session.finish(session, result, _replay_args(config, overrides, device, dtype),
                             debug)
 
 
-def _check_terminal() -> None:
+def _check_terminal(terminal: TerminalOutput) -> None:
+    if terminal.lost or terminal_state(sys.stdin) == "gone":  # it was one, and went away
+        raise KeyboardInterrupt(LOST_REASON)
     if not (sys.stdin.isatty() and sys.stderr.isatty()):
         raise ConfigError("ardiff play: needs a terminal (stdin and stderr are not both "
                           "TTYs); to run actions without one, use ardiff rollout --actions "

@@ -20,23 +20,11 @@ from typing import Any, Callable, Iterator
 
 import yaml
 
-from ardiff.errors import ConfigError, OutputPathError
+from ardiff.errors import OutputPathError
+from ardiff.rollout.inputs import pipeline_actions  # noqa: F401 - ardiff play reads it here
 from ardiff.rollout.streams import BlockEvent, RolloutPlan, Stream, build_request
 
 Actions = tuple[str, ...]
-
-
-def pipeline_actions(pipeline: Any) -> tuple[str, ...] | None:
-    """The actions a pipeline declares (`action_names`: names a request's `actions` may
-    hold), or None when it declares none. Raises ConfigError for a malformed declaration."""
-    names = getattr(pipeline, "action_names", None)
-    if names is None:
-        return None
-    if (isinstance(names, str) or not isinstance(names, (tuple, list)) or not names
-            or not all(isinstance(name, str) and name for name in names)):
-        raise ConfigError(f"pipeline: action_names is {names!r}; it must be a non-empty tuple "
-                          f"of action names like ('none', 'left'), or leave it undefined")
-    return tuple(names)
 
 
 class LiveBlocks:

@@ -3,14 +3,16 @@ scripted keys, its action log replays frame for frame with `ardiff rollout --act
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
-from pty_driver import Keys, Wait, run_in_pty
+from pty_driver import Hangup, Keys, Signal, Wait, run_in_pty
 
 from ardiff.config.play import PlayConfig, key_map
+from ardiff_cli._keys import TerminalLost
 from ardiff_cli._play_display import Pacer, describe_keys
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,8 +41,9 @@ def test_an_action_log_in_a_missing_folder_is_refused(ardiff_main, tmp_path):
     log = tmp_path / "missing" / "log.yaml"
     result = ardiff_main("play", "-o", tmp_path / "game.mp4", "--actions-out", log)
     assert result.exit_code == 2
-    assert result.stderr.strip() == (f"error: --actions-out: the folder of '{log}' does not "
-                                     f"exist; create it or choose another path")
+    assert result.stderr.strip() == (f"error: --actions-out: '{log}' is in a folder that does "
+                                     f"not exist ('{log.parent}'); create it first or pick "
+                                     f"another path")
 
 
 def test_the_key_map_printed_at_start():
@@ -55,7 +58,10 @@ class ScriptedKeys:
         self.reads = list(reads)
 
     def read(self, timeout_s: float) -> list[str]:
-        return self.reads.pop(0) if self.reads else []
+        keys = self.reads.pop(0) if self.reads else []
+        if keys is TerminalLost:
+            raise TerminalLost("end of input")
+        return keys
 
 
 def test_a_tick_takes_the_last_mapped_key_or_the_idle_action():
@@ -65,6 +71,15 @@ def test_a_tick_takes_the_last_mapped_key_or_the_idle_action():
     assert pacer.choose(1) == ("none",)    # no key: idle
     assert pacer.choose(2) == ("up",)
     assert pacer.choose(3) is None and pacer.quit
+
+
+def test_a_lost_terminal_ends_the_tick_idle_and_asks_to_stop():
+    lost = []
+    keys = ScriptedKeys(["a"], TerminalLost)
+    pacer = Pacer(keys, key_map(PlayConfig(), WORLD), fps=1000.0,
+                  on_lost=lambda: lost.append(1))
+    pacer.next_tick += 1000.0                              # a tick that would last 1000 s
+    assert pacer.choose(0) == ("left",) and lost == [1]    # ended at once
 
 
 @pytest.mark.slow
@@ -85,3 +100,38 @@ def test_a_played_game_replays_frame_for_frame(ardiff_main, tmp_path):
     header = (tmp_path / "game.actions.yaml").read_text().splitlines()[1]
     assert header == (f"#   ardiff rollout --seed 5 --frames {len(log)} --actions "
                               f"game.actions.yaml -o replay.npy")
+
+
+def assert_the_game_is_kept(folder: Path) -> None:
+    """The video and its action log, one entry per frame, both whole."""
+    log = yaml.safe_load((folder / "game.actions.yaml").read_text())["actions"]
+    assert "left" in log
+    assert np.load(folder / "game.npy").shape[0] == len(log)
+    assert sorted(path.name for path in folder.iterdir()) == ["game.actions.yaml", "game.npy"]
+
+
+@pytest.mark.slow
+def test_closing_the_terminal_ends_the_game_as_sighup_does(tmp_path):
+    """The window closed or ssh dropped while SIGHUP does not reach ardiff (`nohup`, or
+    not its controlling terminal): reads see end of input, writes EIO. Exit 130."""
+    steps = [Wait("frame "), Keys(b"a", 0.3), Hangup()]
+    game = run_in_pty(["play", "-o", "game.npy", "--seed", "5"], steps, cwd=tmp_path,
+                      timeout_s=30)
+    assert game.exit_code == 130
+    assert_the_game_is_kept(tmp_path)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("end", ["hangup of the controlling terminal", "SIGHUP"])
+def test_a_hangup_ends_the_game_with_its_recording_kept(tmp_path, end):
+    """The kernel's SIGHUP with the terminal gone (EIO on every write and on restoring
+    the terminal mode), and a SIGHUP while the terminal stays."""
+    last = Hangup() if end.startswith("hangup") else Signal(signal.SIGHUP)
+    steps = [Wait("frame "), Keys(b"a", 0.3), last]
+    game = run_in_pty(["play", "-o", "game.npy", "--seed", "5"], steps, cwd=tmp_path,
+                      timeout_s=30, controlling=True)
+    assert game.exit_code == 130, game.output
+    assert_the_game_is_kept(tmp_path)
+    if end == "SIGHUP":
+        assert "error: interrupted by SIGHUP" in game.output
+        assert "Traceback" not in game.output

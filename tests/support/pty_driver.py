@@ -4,7 +4,10 @@
     result.exit_code, result.output          # everything the terminal showed
 
 stdin, stdout and stderr are the pty's slave end, sized ROWS x COLS, so the program
-sees a terminal; the test reads what it draws from the master end.
+sees a terminal; the test reads what it draws from the master end. `Hangup()` closes the
+master end as a closed terminal window or a dropped ssh session does: the program's reads
+then see end of input and its writes EIO; with `controlling=True` the pty is also its
+controlling terminal, so the kernel sends it SIGHUP too. `Signal(signum)` sends a signal.
 """
 
 from __future__ import annotations
@@ -38,6 +41,19 @@ class Keys:
     pause_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class Hangup:
+    """Close the terminal (the master end), then wait for the program to end."""
+
+
+@dataclass(frozen=True)
+class Signal:
+    """Send `signum` to the program, then let `pause_s` pass (reading the output)."""
+
+    signum: int
+    pause_s: float = 0.0
+
+
 @dataclass
 class PtyResult:
     exit_code: int
@@ -49,13 +65,15 @@ def ardiff_script() -> str:
     return str(beside) if beside.exists() else "ardiff"
 
 
-def run_in_pty(args: list[str], steps: list, cwd: Path, timeout_s: float = 60.0) -> PtyResult:
+def run_in_pty(args: list[str], steps: list, cwd: Path, timeout_s: float = 60.0,
+               controlling: bool = False) -> PtyResult:
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLS, 0, 0))
     env = {**os.environ, "TERM": "xterm-256color", "COLORTERM": "truecolor",
            "COLUMNS": str(COLS), "LINES": str(ROWS), "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen([ardiff_script(), *args], stdin=slave, stdout=slave,
-                               stderr=slave, cwd=cwd, env=env, start_new_session=True)
+                               stderr=slave, cwd=cwd, env=env, start_new_session=True,
+                               preexec_fn=_take_the_terminal if controlling else None)
     os.close(slave)
     output = bytearray()
     deadline = time.monotonic() + timeout_s
@@ -63,18 +81,35 @@ def run_in_pty(args: list[str], steps: list, cwd: Path, timeout_s: float = 60.0)
         for step in steps:
             if isinstance(step, Wait):
                 _read_until(master, output, step.text, deadline)
+            elif isinstance(step, Hangup):
+                os.close(master)
+                master = -1
+                break
+            elif isinstance(step, Signal):
+                process.send_signal(step.signum)
+                _read_for(master, output, step.pause_s)
             else:
                 os.write(master, step.data)
                 _read_for(master, output, step.pause_s)
         while process.poll() is None and time.monotonic() < deadline:
+            if master >= 0:
+                _read_for(master, output, 0.1)
+            else:
+                time.sleep(0.05)
+        if master >= 0:
             _read_for(master, output, 0.1)
-        _read_for(master, output, 0.1)
     finally:
         if process.poll() is None:
             process.kill()
         process.wait()
-        os.close(master)
+        if master >= 0:
+            os.close(master)
     return PtyResult(process.returncode, output.decode("utf-8", errors="replace"))
+
+
+def _take_the_terminal() -> None:
+    """In the child, after setsid: stdin (the pty) becomes the controlling terminal."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 def _read_for(master: int, output: bytearray, seconds: float) -> None:

@@ -9,7 +9,8 @@
 
 Frame i of a clip is `render(step(state, action_i))`: every frame, frame 0 included, is moved
 by its own action. The state is numpy arrays with a batch axis: `SimState.from_seed(seed)` is
-the one world a seed names (the pipeline's start frames), `SimState.sample(rng, n)` a batch.
+the one world a seed names (the pipeline's start frames: a player's first game), its sprite
+clear of every ball (`clear_start`); `SimState.sample(rng, n)` a batch (training data).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ ACTIONS = ("none", "left", "right", "up", "down")
 ACTION_MOVES = np.array([(0, 0), (-1, 0), (1, 0), (0, -1), (0, 1)])  # (dx, dy) per action
 PALETTE = np.array([(1.0, 0.2, 0.2), (0.2, 1.0, 0.3), (0.3, 0.4, 1.0),
                     (1.0, 0.9, 0.2), (1.0, 0.3, 1.0), (0.2, 1.0, 1.0)], dtype=np.float32)
+START_CLEAR_FRAMES = 8     # a seed's world starts with its sprite, standing still, clear
+START_GAP_PX = 8.0         # of every ball by this many px for this many frames (clear_start):
+                           # moved SPRITE_STEP px a frame, it reaches none in 4 start frames
 # Bytes of one world's state as float32 (balls: x, y, vx, vy, radius, r, g, b, alive;
 # sprite: x, y): what the pipeline keeps per session while it renders start frames.
 STATE_BYTES = (MAX_BALLS * 9 + 2) * 4
@@ -68,8 +72,10 @@ class SimState:
 
     @classmethod
     def from_seed(cls, seed: int) -> SimState:
-        """The single world named by `seed` (the pipeline's start frames)."""
-        return cls.sample(np.random.default_rng([seed, 0x5EED]), 1)
+        """The single world named by `seed` (the pipeline's start frames), its sprite clear
+        of every ball (`clear_start`: a sprite drawn on a ball is soon merged into it)."""
+        rng = np.random.default_rng([seed, 0x5EED])
+        return clear_start(cls.sample(rng, 1), rng)
 
 
 def step(state: SimState, actions: np.ndarray) -> SimState:
@@ -82,6 +88,43 @@ def step(state: SimState, actions: np.ndarray) -> SimState:
     sprite = state.sprite + SPRITE_STEP * ACTION_MOVES[np.asarray(actions)]
     sprite = np.clip(sprite, WALL, SIZE - WALL - SPRITE_SIDE)
     return replace(state, pos=pos, vel=vel, sprite=sprite)
+
+
+SPRITE_CORNERS = np.stack(np.meshgrid(np.arange(WALL, SIZE - WALL - SPRITE_SIDE + 1),
+                                      np.arange(WALL, SIZE - WALL - SPRITE_SIDE + 1)),
+                          axis=-1).reshape(-1, 2)  # [C, 2] every place the sprite fits
+
+
+def clear_start(state: SimState, rng: np.random.Generator) -> SimState:
+    """`state` with each sprite that a ball comes within START_GAP_PX of in the first
+    START_CLEAR_FRAMES frames (the sprite standing still) moved to a random place that
+    no ball comes as near, or, where there is none, to the place they come least near.
+    A sprite already clear stays (its world is unchanged)."""
+    gaps = sprite_gaps(state, SPRITE_CORNERS, START_CLEAR_FRAMES)   # [B, C]
+    sprite = state.sprite.copy()
+    for b in range(state.batch):
+        here = np.flatnonzero((SPRITE_CORNERS == sprite[b]).all(axis=1))[0]
+        if gaps[b, here] >= START_GAP_PX:
+            continue
+        clear = np.flatnonzero(gaps[b] >= START_GAP_PX)
+        best = clear[rng.integers(len(clear))] if len(clear) else int(np.argmax(gaps[b]))
+        sprite[b] = SPRITE_CORNERS[best]
+    return replace(state, sprite=sprite)
+
+
+def sprite_gaps(state: SimState, corners: np.ndarray, frames: int) -> np.ndarray:
+    """[B, C]: the least distance in px between a sprite with top-left `corners` [C, 2] and
+    the edge of a live ball, over the start and `frames` steps (negative: they overlap)."""
+    paths = [state.pos]
+    for _ in range(frames):
+        state = step(state, np.zeros(state.batch, dtype=np.int64))
+        paths.append(state.pos)
+    centres = np.stack(paths, axis=1)[:, :, None, :, :]               # [B, F, 1, balls, 2]
+    low = corners[None, None, :, None, :].astype(np.float32)         # [1, 1, C, 1, 2]
+    outside = np.maximum(np.maximum(low - centres, centres - (low + SPRITE_SIDE)), 0)
+    gaps = np.linalg.norm(outside, axis=-1) - state.radius[:, None, None, :]
+    gaps = np.where(state.alive[:, None, None, :], gaps, np.inf)      # [B, F, C, balls]
+    return gaps.min(axis=(1, 3))
 
 
 PIXEL_CENTRES = np.arange(SIZE, dtype=np.float32) + 0.5  # along either axis, in px

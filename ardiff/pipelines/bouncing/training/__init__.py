@@ -4,4 +4,5 @@
     losses.py    the training objectives;  streams.py  stage 2's self-rollout streams
     evaluate.py  held-out numbers through ardiff's runner (`python -m ...bouncing.evaluate`)
     locator.py   finds the balls and the sprite in frames again, by colour
+    games.py     how long the steered sprite lasts in played games (`python -m ...training.games`)
 """
