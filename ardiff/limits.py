@@ -20,6 +20,9 @@ MIN_FPS, MAX_FPS = 0.01, 1000.0  # every format stores these rates: a GIF delay 
 
 # runtime.parallel
 MAX_WORKERS = 1024      # processes of one job; far above the devices of one cluster
+
+# ardiff bench (blocks and sweep lengths: MAX_FRAMES; threads: MAX_WORKERS)
+MAX_REPEATS = 1000      # repeats of every arm; the medians settle within a few
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: a group that waits longer is a typo
 
 # User text and paths (ardiff.text, ardiff.path_text)

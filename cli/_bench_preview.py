@@ -97,18 +97,31 @@ def _offscreen_display(fps: float, sink, frames: bool) -> Any:
 
 def _rollout(run_config: Any, stem: Path, on_event) -> Any:
     """The config's rollout with its video under `stem` (same format); the report."""
-    from ardiff.config.run import with_base_dir
     from ardiff.rollout.job import run_rollout
 
-    suffix = Path(run_config.output.path).suffix
-    output = dataclasses.replace(run_config.output, path=str(stem) + suffix)
-    config = with_base_dir(dataclasses.replace(run_config, output=output), run_config.base_dir)
-    report = run_rollout(config, on_event=on_event)
+    report = run_rollout(_writing_to(run_config, stem), on_event=on_event)
     if report.status != "ok":
         from ardiff.errors import RunError
 
         raise RunError(f"bench: the rollout for the preview/plot failed: {report.error}")
     return report
+
+
+def check_rollout(run_config: Any) -> None:
+    """The rollout `--preview` and `--plot` run, checked as `ardiff rollout` checks it
+    (lengths, prompts, actions; no file is made) before the bench starts: exit 2."""
+    from ardiff.rollout.job import prepare_rollout
+
+    prepare_rollout(_writing_to(run_config, Path(tempfile.gettempdir()) / "ardiff-bench"))
+
+
+def _writing_to(run_config: Any, stem: Path) -> Any:
+    """The config with its video under `stem` (same format)."""
+    from ardiff.config.run import with_base_dir
+
+    suffix = Path(run_config.output.path).suffix
+    output = dataclasses.replace(run_config.output, path=str(stem) + suffix)
+    return with_base_dir(dataclasses.replace(run_config, output=output), run_config.base_dir)
 
 
 def print_extras(data: dict[str, Any]) -> None:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
+import select
 import stat
 import tempfile
+import time
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import typer
 
@@ -33,6 +36,9 @@ WorkersOpt = typer.Option(None, "--workers", metavar="N",
 CfgParallelOpt = typer.Option(None, "--cfg-parallel", metavar="2",
                               help="2: run the two CFG branches on two ranks (1: off).")
 
+FIFO_WAIT_S = 5.0   # how long `--json FIFO` waits for a reader (to open it, then per write)
+FIFO_POLL_S = 0.05
+
 OptionalPath = Optional[Path]
 OverrideList = Optional[List[str]]
 
@@ -42,7 +48,10 @@ def flag_overrides(**flags: object) -> list[str]:
 
     Values are JSON-encoded (JSON is YAML), so a prompt like `a: b` stays a string; a float
     that is not finite is written as YAML's `.nan` / `.inf`, so the config's range check (not
-    a type error about a string 'NaN') names it.
+    a type error about a string 'NaN') names it. JSON writes U+1F600 as the escaped pair
+    `\\ud83d\\ude00`, which the YAML loader joins (`ardiff.config.yaml_loader`), so a flag
+    carries any Unicode; bytes that are not UTF-8 stay lone surrogates, which the config
+    refuses.
     """
     return [f"{key}={_yaml_value(value)}" for key, value in flags.items() if value is not None]
 
@@ -70,11 +79,31 @@ def check_json_path(json_path: Optional[str], config: Optional[Path] = None) -> 
     rollout's other paths (ardiff.rollout.paths), so every command applies the same ones."""
     if json_path in (None, "-"):
         return
-    from ardiff.rollout.paths import check_run_paths, check_stats_file
+    from ardiff.rollout.paths import check_run_paths, check_written_file
 
-    check_stats_file(json_path)
+    check_written_file("--json", json_path)
     if config is not None:
         check_run_paths([("--json", json_path)], [("config", config)])
+
+
+def check_command_paths(run_config, config: Optional[Path], json_path: Optional[str] = None,
+                        written: Sequence[tuple[str, object]] = (), videos: bool = True,
+                        pipeline: object = None) -> None:
+    """Before any work: every path the command writes (its videos unless `videos` is False,
+    `--json`, and `written`: (flag, path or None)) against every path it reads (the config,
+    the prompts and actions files, the entry's file, what the pipeline declares it loads)
+    and each other (ardiff.rollout.paths). Builds the pipeline when not given and there is
+    more than videos to check (cheap: no weights; a run checks its videos itself). Raises
+    ConfigError / OutputPathError / PipelineLoadError (exit 2)."""
+    from ardiff.rollout.paths import check_rollout_paths
+
+    files = [(flag, path) for flag, path in written if path is not None]
+    if pipeline is None and (files or json_path not in (None, "-")):
+        from ardiff.engine.loader import build_pipeline
+
+        pipeline = build_pipeline(run_config.pipeline, run_config.base_dir)
+    check_rollout_paths(run_config, None if videos else (), config_file=config,
+                        stats_file=json_path, written=files, pipeline=pipeline)
 
 
 def write_json_file(json_path: str, data: dict, kept: str = "") -> Optional[str]:
@@ -83,6 +112,9 @@ def write_json_file(json_path: str, data: dict, kept: str = "") -> Optional[str]
     path = Path(json_path).expanduser()
     try:
         _write_whole(path, json.dumps(data, indent=2) + "\n")
+    except TimeoutError as exc:  # a FIFO nobody reads
+        return (f"--json: {str(path)!r} is a FIFO and {exc}; the stats were not written; "
+                f"{kept}start its reader first")
     except OSError as exc:
         return (f"--json: cannot write {str(path)!r} ({type(exc).__name__}: {exc}); {kept}"
                 f"check free disk space and permissions")
@@ -92,8 +124,12 @@ def write_json_file(json_path: str, data: dict, kept: str = "") -> Optional[str]
 def _write_whole(path: Path, text: str) -> None:
     """Write `text` so a reader sees the old file or the new one, never a mix: a regular file
     (or a new one) is written beside its target (a symlink's target) and moved over it in one
-    os.replace; anything else (a device such as /dev/full, a FIFO) is written directly."""
+    os.replace; anything else (a device such as /dev/full, a FIFO) is written directly, a FIFO
+    only if a reader comes (`_write_fifo`)."""
     target = Path(os.path.realpath(path))
+    if target.is_fifo():
+        _write_fifo(target, text)
+        return
     if target.exists() and not target.is_file():
         target.write_text(text)
         return
@@ -107,6 +143,31 @@ def _write_whole(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(work)
         raise
+
+
+def _write_fifo(target: Path, text: str) -> None:
+    """Write `text` into a FIFO without waiting for good (a stop must not hang on it): a reader
+    must open it within FIFO_WAIT_S, and take each part within FIFO_WAIT_S; else TimeoutError."""
+    deadline = time.monotonic() + FIFO_WAIT_S
+    while True:
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: no reader has it open
+                raise
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no reader opened it within {FIFO_WAIT_S:g} s") from None
+            time.sleep(FIFO_POLL_S)
+    try:
+        data = memoryview(text.encode())
+        while data:
+            if not select.select([], [fd], [], FIFO_WAIT_S)[1]:
+                raise TimeoutError(f"its reader took nothing for {FIFO_WAIT_S:g} s")
+            with contextlib.suppress(BlockingIOError):  # less room than this write needs
+                data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
 
 
 def _mode_for(target: Path) -> int:

@@ -1,7 +1,8 @@
 """`--report PATH` (rollout) and `--plot PATH` (bench): a picture of a run, drawn after it.
 
 The path and matplotlib are checked before any work (exit 2 with the install command
-when matplotlib is missing); the timeline is recorded from the job's progress events;
+when matplotlib is missing; the command checks the path against its other paths,
+ardiff.rollout.paths); the timeline is recorded from the job's progress events;
 the picture is written when the run has ended, whatever its status (a failed run's
 blocks are worth seeing).
 """
@@ -18,7 +19,7 @@ class RunPicture:
     """Records a run for `path` (None: records nothing and writes nothing)."""
 
     def __init__(self, path: Optional[Path], flag: str) -> None:
-        self.path = None
+        self.path, self.flag = None, flag
         if path is not None:
             from ardiff.rollout.figure import check_figure_path
             from ardiff.rollout.timeline import RunTimeline
@@ -42,10 +43,18 @@ class RunPicture:
         if self.path is None:
             return None
         from ardiff.rollout.figure import write_figure
+        from ardiff.video.disk import written_through
 
         data = report.to_dict()
         try:
-            write_figure(self.timeline, self.path, title(data), summary(data))
+            with written_through(self.path) as path:  # a FIFO or device gets it whole
+                write_figure(self.timeline, path, title(data), summary(data))
+        except TimeoutError as exc:
+            return (f"{self.flag}: {str(self.path)!r} is a FIFO and {exc}; the picture was not "
+                    f"written; start its reader first")
+        except OSError as exc:  # writing into a FIFO or device
+            return (f"{self.flag}: cannot write {str(self.path)!r} ({type(exc).__name__}: "
+                    f"{exc.strerror or exc}); choose a writable path")
         except ArdiffError as exc:
             return str(exc)
         return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -15,14 +15,15 @@ from ardiff_cli import _options as options
 
 
 def finish_run(report, json_path: Optional[str], quiet: bool, debug: bool,
-            picture_error: Optional[str] = None) -> None:
+               picture_error: Optional[str] = None, json_out: Any = None) -> None:
     """Print and write what the run left; exit with its code (1 if only the stats or the
-    picture failed). A torchrun rank other than 0 writes nothing: rank 0 reports the job."""
+    picture failed). A torchrun rank other than 0 writes nothing: rank 0 reports the job.
+    `--json -` prints to `json_out` (default sys.stdout; ardiff_cli._stdout)."""
     if not report.is_primary:
         if report.status != "ok":
             print(f"error: {' '.join((report.error or report.status).split())}", file=sys.stderr)
         raise typer.Exit(report.exit_code)
-    json_error = _emit(report, json_path, quiet) or picture_error
+    json_error = _emit(report, json_path, quiet, json_out or sys.stdout) or picture_error
     if report.status != "ok":
         if json_error:
             print(f"warning: {json_error}", file=sys.stderr)
@@ -35,14 +36,14 @@ def finish_run(report, json_path: Optional[str], quiet: bool, debug: bool,
         raise typer.Exit(EXIT_FAILED)
 
 
-def _emit(report, json_path: Optional[str], quiet: bool) -> Optional[str]:
+def _emit(report, json_path: Optional[str], quiet: bool, json_out: Any) -> Optional[str]:
     """Warnings, the JSON and the summary; returns why the JSON file could not be written."""
     data = report.to_dict()
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     json_error = None
     if json_path == "-":
-        print(json.dumps(data, indent=2))
+        print(json.dumps(data, indent=2), file=json_out)
     elif json_path:
         json_error = options.write_json_file(json_path, data, kept="the video is kept; ")
     if not quiet:

@@ -12,15 +12,16 @@ from ardiff_cli import _options as options
 from ardiff_cli import _render as render
 
 
-def run(run_config, workers: int, repeats: int, json_path: str | None) -> None:
-    """Measure, then print the table (and the JSON); exit 1 if the JSON cannot be written."""
+def run(run_config, workers: int, repeats: int, json_path: str | None, json_out=None) -> None:
+    """Measure, then print the table (and the JSON: `--json -` to `json_out`, default
+    sys.stdout); exit 1 if the JSON cannot be written."""
     from ardiff.bench.speedup import measure_speedup  # imports torch
 
     report = measure_speedup(run_config, workers, repeats,
                              on_progress=lambda msg: print(f"bench: {msg}", file=sys.stderr))
     data = report.to_dict()
     if json_path == "-":
-        print(json.dumps(data, indent=2))
+        print(json.dumps(data, indent=2), file=json_out or sys.stdout)
         return
     json_error = options.write_json_file(json_path, data) if json_path else None
     print_speedup(data)

@@ -17,18 +17,21 @@ from ardiff_cli import _options as options
 from ardiff_cli import _picture as picture
 from ardiff_cli import _signals as signals
 from ardiff_cli._errors import handle_errors
+from ardiff_cli._stdout import json_stdout
 
 STARTUP_RUNS = 5
 
 
 def _parse_sweep(value: str | None) -> list[int]:
+    """The lengths of `--sweep-frames`; their range is checked with the other counts
+    (`ardiff.bench.lengths`)."""
     if not value:
         return []
     try:
         frames = [int(part) for part in value.split(",") if part.strip()]
     except ValueError:
         frames = []
-    if not frames or min(frames) <= 0:
+    if not frames:
         raise typer.BadParameter(f"{value!r}: give positive frame counts like 100,1000",
                                  param_hint="--sweep-frames")
     return frames
@@ -58,8 +61,8 @@ def _children_cpu_s() -> float:
 
 def bench_command(
     config: Path = options.OptionalConfigArg,
-    blocks: int = typer.Option(8, "--blocks", min=1, help="Timed blocks per repeat and arm."),
-    repeats: int = typer.Option(3, "--repeats", min=1,
+    blocks: int = typer.Option(8, "--blocks", help="Timed blocks per repeat and arm."),
+    repeats: int = typer.Option(3, "--repeats",
                                 help="Repeats, each on fresh sessions with a filled window."),
     sweep_frames: str = typer.Option(None, "--sweep-frames", metavar="N,N,...",
                                      help="Rollout lengths for the pages/RSS sweep, e.g. 100,1000."),
@@ -67,7 +70,7 @@ def bench_command(
                                    "(at least 32 blocks per repeat: long on big geometries)."),
     no_compile: bool = typer.Option(False, "--no-compile",
                                     help="Skip the compiled arm (runtime.compile)."),
-    threads: int = typer.Option(1, "--threads", min=1, help="Torch intra-op threads."),
+    threads: int = typer.Option(1, "--threads", help="Torch intra-op threads."),
     markdown: bool = typer.Option(False, "--markdown", help="Print the table as Markdown."),
     workers: int = typer.Option(None, "--workers", min=2, metavar="N",
                                 help="Instead: the job on 1 worker against N (ardiff.launch)."),
@@ -84,13 +87,18 @@ def bench_command(
     (no CONFIG: the embedded default).
 
     The arms alternate block by block; ratios are paired per block (median, p10-p90), with
-    the model thread's CPU time beside wall time. `--json PATH` is checked before anything
-    runs. SIGINT, SIGTERM and SIGHUP stop the measurements at once (no numbers are
-    written): exit 130.
+    the model thread's CPU time beside wall time. `--json PATH`, the counts and the
+    lengths (within the pipeline's max_model_len) are checked before anything runs; with
+    `--json -` stdout holds the JSON alone. SIGINT, SIGTERM and SIGHUP stop the
+    measurements at once (no numbers are written): exit 130. A `--plot` that cannot be
+    written is exit 1, after the numbers.
     """
     sweep = _parse_sweep(sweep_frames)
-    with signals.StopSignals() as stop_signals:
+    with signals.StopSignals() as stop_signals, json_stdout(json_path == "-") as json_out:
         with handle_errors(debug):
+            from ardiff.bench.lengths import check_counts
+
+            check_counts(blocks, repeats, threads, sweep)
             options.check_json_path(json_path, config)
             drawing = picture.RunPicture(plot, "--plot")
             from ardiff.bench import run_bench  # imports torch
@@ -98,11 +106,16 @@ def bench_command(
             from ardiff.config.run import load_config
             from ardiff_cli import _bench_preview as bench_preview
 
-            run_config = load_config(config, list(overrides or []))
+            run_config = load_config(config, [*(overrides or []), *options.flag_overrides(
+                **{"runtime.parallel.workers": workers})])
+            options.check_command_paths(run_config, config, json_path, [("--plot", plot)],
+                                        videos=False)
             if workers is not None:
                 from ardiff_cli import _speedup as speedup
 
-                return speedup.run(run_config, workers, repeats, json_path)
+                return speedup.run(run_config, workers, repeats, json_path, json_out)
+            if preview or drawing.path is not None:
+                bench_preview.check_rollout(run_config)
             say = lambda msg: print(f"bench: {msg}", file=sys.stderr)  # noqa: E731
             report = run_bench(run_config, blocks, repeats, sweep, encode=not no_encode,
                                compiled=not no_compile, threads=threads,
@@ -118,7 +131,7 @@ def bench_command(
                                     ("inspect_spec", spec_path and startup_seconds(
                                         ["inspect-spec", spec_path])))}
         stop_signals.hold()  # the numbers are written whatever comes now
-        _emit(data, json_path, str(config or "(the embedded default)"), markdown)
+        _emit(data, json_path, str(config or "(the embedded default)"), markdown, json_out)
 
 
 def _config_file(config: Path | None) -> str | None:
@@ -134,20 +147,25 @@ def _config_file(config: Path | None) -> str | None:
     return str(path) if isinstance(path, Path) and path.is_file() else None
 
 
-def _emit(data: dict, json_path: str | None, config: str, markdown: bool) -> None:
-    """The JSON (stdout or a file) and the table; exit 1 when the file cannot be written."""
+def _emit(data: dict, json_path: str | None, config: str, markdown: bool, json_out) -> None:
+    """The JSON (stdout, `json_out`, or a file) and the table; exit 1 when the file or the
+    `--plot` picture cannot be written (as `ardiff rollout --report`)."""
     from ardiff_cli import _bench_preview as bench_preview
     from ardiff_cli import _bench_table as bench_table
 
+    plot_error = (data.get("plot") or {}).get("error")
     if json_path == "-":
-        print(json.dumps(data, indent=2))
-        return
-    json_error = options.write_json_file(json_path, data) if json_path else None
-    if markdown:
-        print(bench_table.markdown(data, config))
+        print(json.dumps(data, indent=2), file=json_out)
+        json_error = None
     else:
-        bench_table.print_bench(data, config)
-    bench_preview.print_extras(data)
-    if json_error:
-        print(f"error: {json_error}", file=sys.stderr)
+        json_error = options.write_json_file(json_path, data) if json_path else None
+        if markdown:
+            print(bench_table.markdown(data, config))
+        else:
+            bench_table.print_bench(data, config)
+        bench_preview.print_extras(data)
+    for error in (json_error, plot_error):
+        if error:
+            print(f"error: {error}", file=sys.stderr)
+    if json_error or plot_error:
         raise typer.Exit(EXIT_FAILED)

@@ -1,4 +1,5 @@
-"""`ardiff inspect-spec CONFIG`: the pipeline's KV geometry and memory plan, without weights."""
+"""`ardiff inspect-spec CONFIG`: the pipeline's KV geometry and memory plan. It constructs the
+pipeline (runs its code) but loads no weights and allocates nothing."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from ardiff_cli import _options as options
 from ardiff_cli import _signals as signals
 from ardiff_cli._errors import handle_errors
+from ardiff_cli._stdout import json_stdout
 
 
 def inspect_spec_command(
@@ -22,11 +24,16 @@ def inspect_spec_command(
     as_json: bool = options.JsonOpt,
     debug: bool = options.DebugOpt,
 ) -> None:
-    """Show the KV spec a pipeline declares and the memory plan for it (dry run)."""
+    """Show the KV spec a pipeline declares and the memory plan for it.
+
+    It constructs the pipeline (importing and running the code `pipeline.entry` names:
+    trust a config as you would a script), reads its spec and plans; it loads no weights
+    and allocates nothing.
+    """
     from ardiff.engine.build import inspect_spec  # the config layer: only when the command runs
     from ardiff_cli import _render as render  # rich: only when the command runs
 
-    with signals.StopSignals() as stop_signals:
+    with signals.StopSignals() as stop_signals, json_stdout(as_json) as json_out:
         with handle_errors(debug):
             report = inspect_spec(options.load_run_config(config, overrides, {
                 "runtime.memory_budget": budget, "runtime.dtype": dtype,
@@ -34,6 +41,6 @@ def inspect_spec_command(
                 "runtime.parallel.workers": workers, "runtime.parallel.cfg": cfg_parallel}))
         stop_signals.hold()  # the report is written whatever comes now
         if as_json:
-            print(json.dumps(report.to_dict(), indent=2))
+            print(json.dumps(report.to_dict(), indent=2), file=json_out)
         else:
             render.print_spec_report(report)

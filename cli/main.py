@@ -5,7 +5,8 @@ or spec, 3 does not fit in memory, 130 interrupted (SIGINT, SIGTERM or SIGHUP:
 ardiff_cli._signals). Stdout that cannot be written (a pipe its reader closed, as
 `| head -c 10` does; a full disk) ends the command with exit 1 and no traceback: silently
 for a closed pipe, else with one `error: stdout: ...` line. Files already written
-(videos, `--json PATH`) are complete by then.
+(videos, `--json PATH`) are complete by then. With `--json -` stdout holds the JSON alone:
+what a pipeline prints goes to stderr (ardiff_cli._stdout).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import typer
 from ardiff.errors import EXIT_FAILED, EXIT_INTERRUPTED
 from ardiff_cli import _signals as signals
 from ardiff_cli import bench, config_schema, inspect_spec, play, rollout, warmup
+from ardiff_cli._exit import leave, note_threads_at_start
+from ardiff_cli._stdout import STDOUT_MARK, MarkedStdout
 
 app = typer.Typer(
     name="ardiff",
@@ -45,8 +48,9 @@ def main() -> None:
     """Entry point of the `ardiff` script: usage errors become one `error:` line, exit 2;
     stdout that cannot be written, exit 1 (see the module docstring)."""
     stdout = sys.stdout
-    sys.stdout = _MarkedStdout(stdout)
+    sys.stdout = MarkedStdout(stdout)
     signals.end_with_the_process()
+    note_threads_at_start()
     try:
         code = _run_app()
         sys.stdout.flush()  # now, not at interpreter exit where an error cannot be handled
@@ -59,7 +63,7 @@ def main() -> None:
         code = EXIT_INTERRUPTED
     finally:
         sys.stdout = stdout
-    sys.exit(code)
+    leave(code)  # not waiting for a thread a pipeline left running
 
 
 def _run_app() -> int:
@@ -74,37 +78,6 @@ def _run_app() -> int:
             print(f"error: {message} (see `{command} --help`)", file=sys.stderr)
         code = exc.exit_code
     return code if isinstance(code, int) else 0
-
-
-STDOUT_MARK = "ardiff_stdout"  # set on an OSError raised by writing stdout
-
-
-class _MarkedStdout:
-    """sys.stdout as it is, except that its write errors carry STDOUT_MARK, so `main` tells
-    a closed pipe or a full disk behind stdout from any other OSError (a bug: a traceback)."""
-
-    def __init__(self, stream) -> None:
-        self._stream = stream
-
-    def write(self, text):
-        return self._marked(self._stream.write, text)
-
-    def writelines(self, lines):
-        return self._marked(self._stream.writelines, lines)
-
-    def flush(self):
-        return self._marked(self._stream.flush)
-
-    def __getattr__(self, name: str):
-        return getattr(self._stream, name)
-
-    @staticmethod
-    def _marked(call, *args):
-        try:
-            return call(*args)
-        except OSError as exc:
-            setattr(exc, STDOUT_MARK, True)
-            raise
 
 
 def _stdout_failed(stdout, exc: OSError) -> int:

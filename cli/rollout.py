@@ -14,18 +14,11 @@ from ardiff_cli import _picture as picture
 from ardiff_cli import _signals as signals
 from ardiff_cli._errors import handle_errors
 from ardiff_cli._run_report import finish_run
+from ardiff_cli._stdout import json_stdout
 
 
 def _absolute(path: Optional[Path]) -> Optional[str]:
     return None if path is None else str(path.expanduser().resolve())
-
-
-def _check_json_path(json_path: Optional[str], config: Optional[Path], run_config) -> None:
-    """Before any work: the stats file is writable (or the stats would be lost after the
-    run), and no file is both written and read (`--json`, outputs, the config, inputs)."""
-    from ardiff.rollout.paths import check_rollout_paths
-
-    check_rollout_paths(run_config, config_file=config, stats_file=json_path)
 
 
 def rollout_command(
@@ -60,9 +53,10 @@ def rollout_command(
     SIGINT, SIGTERM and SIGHUP stop it (ardiff_cli._signals): while loading or warming up at
     once, during the rollout after the block in flight. The videos are finalised with every
     finished frame and the stats written (`interrupted by SIGTERM`), exit 130; a further
-    signal waits for that.
+    signal waits for that, but abandons a block the pipeline is stuck in. With `--json -`
+    stdout holds the JSON alone: what the pipeline prints goes to stderr.
     """
-    with signals.StopSignals() as stop_signals:
+    with signals.StopSignals() as stop_signals, json_stdout(json_path == "-") as json_out:
         with handle_errors(debug):
             from ardiff.launch.job import run_job  # imports the runtime
             from ardiff.rollout.stop import RolloutStop
@@ -76,17 +70,20 @@ def rollout_command(
                 "runtime.device": device, "runtime.dtype": dtype,
                 "runtime.memory_budget": budget, "runtime.parallel.workers": workers,
                 "runtime.parallel.cfg": cfg_parallel})
-            _check_json_path(json_path, config, run_config)
             drawing = picture.RunPicture(report_path, "--report")
+            options.check_command_paths(run_config, config, json_path,
+                                        [("--report", report_path)])
             stop = RolloutStop()
             stop_signals.follow(stop)
             show = progress.wants_progress(no_progress or quiet)
             frames_on = preview.wants_preview(show_frames, quiet, json_path)
             with preview.rollout_display(show, frames_on, run_config.output.fps) as bar:
+                stop_signals.when_stuck(bar, lambda stuck: finish_run(  # ardiff_cli._signals
+                    stuck, json_path, quiet, debug, drawing.write(stuck), json_out))
                 report = run_job(run_config, on_event=drawing.follow(bar.update), stop=stop)
         stop_signals.hold()  # the stats and the summary are written whatever comes now
         if stop_signals.received and report.status == "ok":
             print(f"{stop_signals.received} came too late to stop anything: the run completed",
                   file=sys.stderr)
-        finish_run(report, json_path, quiet, debug, drawing.write(report))
+        finish_run(report, json_path, quiet, debug, drawing.write(report), json_out)
 

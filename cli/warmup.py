@@ -11,6 +11,7 @@ from ardiff.errors import WarmupError
 from ardiff_cli import _options as options
 from ardiff_cli import _signals as signals
 from ardiff_cli._errors import handle_errors
+from ardiff_cli._stdout import json_stdout
 
 
 def warmup_command(
@@ -26,7 +27,7 @@ def warmup_command(
 
     SIGINT, SIGTERM and SIGHUP stop it at once (nothing is written): exit 130.
     """
-    with signals.StopSignals() as stop_signals:
+    with signals.StopSignals() as stop_signals, json_stdout(as_json) as json_out:
         with handle_errors(debug):
             from ardiff.engine.build import build_runner  # imports torch: only when it runs
             from ardiff_cli import _render as render  # rich: only when the command runs
@@ -41,7 +42,7 @@ def warmup_command(
         stop_signals.hold()  # the summary is written whatever comes now
         summary = render.warmup_summary(runner, report)
         if as_json:
-            print(json.dumps(summary, indent=2))
+            print(json.dumps(summary, indent=2), file=json_out)
         else:
             render.print_warmup(summary)
         with handle_errors(debug):

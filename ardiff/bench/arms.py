@@ -25,6 +25,12 @@ FILL_EXTRA = {"q_tokens": 1}  # pipelines that support it fill the window with c
 EXTRA_FILL_BLOCKS = 1  # past a full window: eviction has run once before timing
 
 
+def fill_blocks(spec: Any) -> int:
+    """Untimed blocks that open a session: the sink and the window full, and one more."""
+    return ceil_div(spec.sink_frames + spec.window_frames,
+                    spec.frames_per_block) + EXTRA_FILL_BLOCKS
+
+
 @dataclass
 class Times:
     """Per timed block, in run order: wall seconds and the model thread's CPU seconds."""
@@ -38,8 +44,7 @@ class Arm:
 
     def __init__(self, name: str, config: RunConfig, spec: Any) -> None:
         self.name, self.config = name, config
-        self.fill_blocks = ceil_div(spec.sink_frames + spec.window_frames,
-                                    spec.frames_per_block) + EXTRA_FILL_BLOCKS
+        self.fill_blocks = fill_blocks(spec)
         self.times = Times()
         self.frames: list[torch.Tensor] = []  # the timed blocks' frames, this session
         self.block = 0

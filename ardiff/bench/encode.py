@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ardiff.bench.arms import RunnerArm
 from ardiff.bench.spread import Spread
+from ardiff.sizes import ceil_div
 from ardiff.video.formats import FORMATS
 from ardiff.video.writer import VideoWriter, output_kind
 
@@ -44,6 +45,13 @@ class EncodeRun:
     @property
     def share(self) -> float:
         return self.encoder_cpu_s / self.model_cpu_s
+
+
+def encode_blocks(blocks: int, rollout_frames: int, video_frames_per_block: int) -> int:
+    """Blocks `measure_encode` makes (after the window is filled): `blocks`, at least
+    ENCODE_MIN_BLOCKS, and enough for the config's `rollout.frames` up to ENCODE_MAX_FRAMES."""
+    frames = min(rollout_frames, ENCODE_MAX_FRAMES)
+    return max(blocks, ENCODE_MIN_BLOCKS, ceil_div(frames, video_frames_per_block))
 
 
 def measure_encode(arm: RunnerArm, blocks: int, tag: str) -> EncodeRun:

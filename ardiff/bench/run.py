@@ -21,12 +21,14 @@ import torch
 
 from ardiff.bench import encode as encode_share
 from ardiff.bench.arms import Arm, LoopArm, RunnerArm
+from ardiff.bench.lengths import check_counts, check_positions
 from ardiff.bench.references import reference_loop
 from ardiff.bench.report import RATIOS, BenchReport, load_average
 from ardiff.config.run import RunConfig, with_base_dir
-from ardiff.engine.build import build_runner, resolve
+from ardiff.engine.build import ResolvedPipeline, build_runner, resolve
 from ardiff.engine.runner import Runner
 from ardiff.kv.backends import DEFAULT_BACKEND, backend_names
+from ardiff.rollout.inputs import pipeline_actions, read_actions
 from ardiff.rollout.report import current_rss_bytes, peak_rss_bytes
 from ardiff.sizes import ceil_div
 
@@ -42,13 +44,21 @@ def run_bench(config: RunConfig, blocks: int = 8, repeats: int = 3,
     """Measure the arms side by side; optionally the encode share and RSS against length.
 
     Torch runs `threads` intra-op threads meanwhile (restored after). The runners it
-    builds are closed on every exit, an exception included."""
+    builds are closed on every exit, an exception included. Lengths past their bounds or
+    the pipeline's `max_model_len` raise ConfigError before anything is loaded
+    (`ardiff.bench.lengths`)."""
     say = on_progress or (lambda message: None)
+    check_counts(blocks, repeats, threads, sweep_frames or [])
+    eager = _eager(config)
+    resolved = resolve(eager)
+    check_positions(resolved.spec, resolved.pipeline, config, blocks, sweep_frames or [], encode)
+    read_actions(config.rollout.actions, config.base_dir, pipeline_actions(resolved.pipeline),
+                 resolved.spec.frames_per_block)  # checked as a rollout checks them
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     runners: dict[str, Runner] = {}
     try:
-        report = _measure(config, blocks, repeats, compiled, threads, runners, say)
+        report = _measure(resolved, compiled, blocks, repeats, threads, runners, say)
         paged = report.arms[DEFAULT_BACKEND]
         if encode:
             runs = []
@@ -68,10 +78,12 @@ def run_bench(config: RunConfig, blocks: int = 8, repeats: int = 3,
         torch.set_num_threads(previous_threads)
 
 
-def _measure(config: RunConfig, blocks: int, repeats: int, compiled: bool, threads: int,
-             runners: dict[str, Runner], say: Callable[[str], None]) -> BenchReport:
+def _measure(resolved: ResolvedPipeline, compiled: bool, blocks: int, repeats: int,
+             threads: int, runners: dict[str, Runner],
+             say: Callable[[str], None]) -> BenchReport:
+    config = resolved.config
     unavailable: dict[str, str] = {}
-    why_not = _build_runners(config, compiled, runners)
+    why_not = _build_runners(resolved, compiled, runners)
     if why_not:
         unavailable["compiled"] = why_not
     warmup_s = _warm_up(runners, unavailable, say)
@@ -118,14 +130,24 @@ def _warm_up(runners: dict[str, Runner], unavailable: dict[str, str],
     return warmup_s
 
 
-def _build_runners(config: RunConfig, compiled: bool, runners: dict[str, Runner]) -> str | None:
-    """Into `runners`: every KV backend over one loaded pipeline, and `compiled` (paged, with
-    runtime.compile, over a second copy of the pipeline: compiling changes the pipeline it
-    is given) when asked and possible; each sized for one session. Returns why there is no
-    compiled runner (None when there is one). The caller closes them."""
-    can_compile = "compile" in {f.name for f in dataclasses.fields(config.runtime)}
-    eager = _with_runtime(config, max_sessions=1, **({"compile": False} if can_compile else {}))
-    resolved = resolve(eager)
+def _eager(config: RunConfig) -> RunConfig:
+    """The config of the eager arms: one session, not compiled."""
+    return _with_runtime(config, max_sessions=1,
+                         **({"compile": False} if _can_compile(config) else {}))
+
+
+def _can_compile(config: RunConfig) -> bool:
+    return "compile" in {f.name for f in dataclasses.fields(config.runtime)}
+
+
+def _build_runners(resolved: ResolvedPipeline, compiled: bool,
+                   runners: dict[str, Runner]) -> str | None:
+    """Into `runners`: every KV backend over one loaded pipeline (`resolved`, of `_eager`'s
+    config), and `compiled` (paged, with runtime.compile, over a second copy of the
+    pipeline: compiling changes the pipeline it is given) when asked and possible; each
+    sized for one session. Returns why there is no compiled runner (None when there is
+    one). The caller closes them."""
+    eager, can_compile = resolved.config, _can_compile(resolved.config)
     for i, backend in enumerate(backend_names()):
         runners[backend] = build_runner(eager, resolved, load_weights=i == 0, backend=backend)
     if not compiled:

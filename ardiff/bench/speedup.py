@@ -24,8 +24,9 @@ from typing import Any, Callable
 import numpy as np
 
 from ardiff.config.run import RunConfig, with_base_dir
+from ardiff.distributed.topology import local_ranks
 from ardiff.errors import RunError
-from ardiff.launch.parent import run_parallel_rollout
+from ardiff.launch.parent import prepare_job, run_parallel_rollout
 
 TARGET_WALL_RATIO = 0.6  # docs/several-devices.md: 2 workers on 2 cores take <= 0.6x one's time
 
@@ -71,10 +72,15 @@ class SpeedupReport:
 
 def measure_speedup(config: RunConfig, workers: int, repeats: int = 3,
                     on_progress: Callable[[str], None] | None = None) -> SpeedupReport:
-    """Run the config's job `repeats` times on 1 and on `workers` workers, alternating."""
+    """Run the config's job `repeats` times on 1 and on `workers` workers, alternating.
+    Both jobs are checked (`prepare_job`) before the first one runs: bad input raises
+    ConfigError (exit 2), not after the one-worker runs."""
     say = on_progress or (lambda message: None)
     one, many = Arm(1), Arm(workers)
     with tempfile.TemporaryDirectory(prefix="ardiff-speedup-") as scratch:
+        for arm in (one, many):
+            arm_config = _arm_config(config, arm.workers, Path(scratch))
+            prepare_job(arm_config, local_ranks(arm_config.runtime.parallel))
         outputs: dict[int, list[Any]] = {}
         for repeat in range(repeats):
             for arm in (one, many):

@@ -6,12 +6,16 @@ PyYAML's safe loader trusts the document's shape (nine nested aliases in 500 byt
 for a billion values) and keeps the second of two equal keys without a word. Before
 building anything, `safe_load` refuses a key written twice in one mapping (naming both
 lines), aliases that repeat more than `MAX_ALIAS_NODES` nodes in all, a node that contains
-itself, and nesting deeper than `MAX_DEPTH` (aliases included); a control character is a
-syntax error at its line and column. Malformed YAML raises `yaml.MarkedYAMLError`.
+itself, nesting deeper than `MAX_DEPTH` (aliases included) and a set (`!!set`: its order
+is the hash's, so `rollout.prompts: !!set {a, b}` would number the videos by chance); a
+control character is a syntax error at its line and column. An escaped UTF-16 surrogate
+pair (`"\\ud83d\\ude00"`, as JSON writes U+1F600) is the one character it encodes, as in
+JSON; PyYAML reads two lone surrogates. Malformed YAML raises `yaml.MarkedYAMLError`.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -24,6 +28,8 @@ from ardiff.text import short_repr, shorten
 MAX_ALIAS_NODES = 100_000  # nodes aliases may repeat in one document; a config needs a few
 MAX_DEPTH = 100            # nested mappings and lists; a config needs 5
 _MERGE_TAG = "tag:yaml.org,2002:merge"  # `<<: *base` may override keys of its base
+_SET_TAG = "tag:yaml.org,2002:set"
+_SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
 
 
 def safe_load(text: str, source: str) -> Any:
@@ -63,6 +69,12 @@ class _LimitedLoader(yaml.SafeLoader):
         _check_document(node, self.source)
         return super().construct_document(node)
 
+    def construct_scalar(self, node: Node) -> Any:
+        value = super().construct_scalar(node)
+        if isinstance(node, ScalarNode) and node.style == '"' and isinstance(value, str):
+            return _join_surrogate_pairs(value)  # only escapes make surrogates in YAML text
+        return value
+
     def construct_yaml_int(self, node: ScalarNode) -> int:
         try:
             return super().construct_yaml_int(node)
@@ -72,6 +84,11 @@ class _LimitedLoader(yaml.SafeLoader):
 
 
 _LimitedLoader.add_constructor("tag:yaml.org,2002:int", _LimitedLoader.construct_yaml_int)
+
+
+def _join_surrogate_pairs(text: str) -> str:
+    return _SURROGATE_PAIR.sub(
+        lambda pair: pair.group().encode("utf-16-le", "surrogatepass").decode("utf-16-le"), text)
 
 
 def _check_document(root: Node, source: str) -> None:
@@ -94,6 +111,9 @@ def _check_document(root: Node, source: str) -> None:
         if id(node) in entered:
             raise ConfigError(f"{source}: the value at line {node.start_mark.line + 1} contains "
                               f"itself through an alias; a config cannot be recursive")
+        if node.tag == _SET_TAG:
+            raise ConfigError(f"{source}: the set (!!set) at line {node.start_mark.line + 1} has "
+                              f"no order; write a list such as [a, b] instead")
         entered.add(id(node))
         stack.append((node, path, True))
         if isinstance(node, MappingNode):

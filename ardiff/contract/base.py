@@ -4,8 +4,9 @@
         def ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec: ...
         def generate_block(self, request, state: ardiff.ARDiffusionKVState): ...
 
-It adds a no-op `load`, a `nullcontext` bind, no-op session hooks and `warmup_requests`
-as the warmup (set `ar_diffusion_warmup_requests = None` for none). ardiff checks methods,
+It adds a no-op `load`, a `nullcontext` bind, no-op session hooks, `warmup_requests` as
+the warmup (set `ar_diffusion_warmup_requests = None` for none) and no declared input files
+(`ar_diffusion_input_paths`: what `load` reads, which no output may be). ardiff checks methods,
 never this class: a pipeline written from the upstream contract alone loads just the same.
 Hooks ardiff also looks for, with no default here: `compile_layers`, `action_names`,
 `bind_ar_diffusion_parallel`, `video_frames_per_latent_frame`, `reference_loop` (bench).
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import os
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
@@ -73,6 +76,12 @@ class ARDiffusionPipelineBase(abc.ABC):
 
     def close_ar_diffusion_session(self, session_id: str) -> None:
         """Drop the session's model-owned state after close, eviction or a failure: none here."""
+
+    def ar_diffusion_input_paths(self) -> Mapping[str, str | os.PathLike[str] | None]:
+        """The files and folders `load` reads, by a name shown in messages (e.g.
+        {'pipeline.args.model_dir': path}; None: not used). A run refuses, before any work,
+        an output that is one of them or an existing file inside such a folder: none here."""
+        return {}
 
     def ar_diffusion_warmup_requests(self, session_id: str) -> list[RolloutRequest]:
         """Enough unguided blocks to fill the sink and the window and evict once."""

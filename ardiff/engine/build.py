@@ -30,7 +30,7 @@ from ardiff.distributed.context import ParallelContext, bind_parallel, check_cfg
 from ardiff.distributed.topology import rank_budget
 from ardiff.dtypes import DTYPE_BYTES, torch_dtype
 from ardiff.engine.device import assumed_device, free_memory_bytes, resolve_device, resolve_dtype
-from ardiff.engine.loader import build_pipeline, get_spec
+from ardiff.engine.loader import args_base_note, build_pipeline, get_spec
 from ardiff.errors import ArdiffError, CapacityError, ConfigError, PipelineError
 from ardiff.kv.backends import BACKENDS
 from ardiff.kv.plan import KVPlan, make_plan
@@ -247,7 +247,8 @@ def _load(pipeline: ARDiffusionPipeline, device: str, dtype: str) -> None:
         raise
     except Exception as exc:
         raise PipelineError(f"pipeline: load({device!r}, {dtype}) raised "
-                            f"{type(exc).__name__}: {shorten(str(exc))}") from exc
+                            f"{type(exc).__name__}: {shorten(str(exc))}"
+                            f"{args_base_note(exc)}") from exc
 
 
 def _allocate(plan: KVPlan, backend: str, device: str, poison: bool) -> KVCacheBase[Any]:

@@ -4,8 +4,11 @@
     pipeline.entry: path/to/file.py:attr    loaded from a file, relative to the config file
     pipeline.entry: name                    registered in the `ardiff.pipelines` entry points
 
-The attr is a class or factory called with the config's `args` as keyword arguments.
+The attr is a class or factory called with the config's `args` as keyword arguments, as
+written: a relative path among them is the pipeline's to open, from the working directory.
 Construction must be cheap; the optional `load(device, dtype)` hook is *not* called here.
+`declared_input_paths` reads the optional `ar_diffusion_input_paths()` (the files and folders
+`load` will read), so that no output of a run can be one of them.
 Messages quote the entry, the args and what a plugin raised in at most
 `ardiff.text.MAX_SHOWN_CHARS` characters each.
 """
@@ -15,7 +18,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import os
 import sys
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
@@ -23,10 +28,11 @@ from types import ModuleType
 from ardiff.config.run import PipelineConfig
 from ardiff.contract import ARDiffusionPipeline, missing_pipeline_methods
 from ardiff.contract.spec import ARDiffusionKVCacheSpec
-from ardiff.errors import PipelineLoadError, SpecError
+from ardiff.errors import ArdiffError, PipelineLoadError, SpecError
 from ardiff.text import short_repr, shorten
 
 ENTRY_POINT_GROUP = "ardiff.pipelines"
+INPUT_PATHS_HOOK = "ar_diffusion_input_paths"
 
 
 def resolve_entry(entry: str, base_dir: Path) -> object:
@@ -63,6 +69,14 @@ def _import_module(name: str) -> ModuleType:
     except Exception as exc:
         raise PipelineLoadError(f"pipeline.entry: importing {short_repr(name)} raised "
                                 f"{type(exc).__name__}: {shorten(str(exc))}") from exc
+
+
+def entry_file(entry: str, base_dir: Path) -> Path | None:
+    """The file of a `path/to/file.py:attr` entry (relative to `base_dir`), else None."""
+    module_part, sep, attr = entry.rpartition(":")
+    if not (sep and attr and module_part.endswith(".py")):
+        return None
+    return (base_dir / module_part).resolve()
 
 
 def _import_file(relative: str, base_dir: Path) -> ModuleType:
@@ -123,7 +137,7 @@ def build_pipeline(config: PipelineConfig, base_dir: Path) -> ARDiffusionPipelin
     except Exception as exc:
         raise PipelineLoadError(f"pipeline: constructing {short_repr(config.entry)} with args "
                                 f"{short_repr(config.args)} raised {type(exc).__name__}: "
-                                f"{shorten(str(exc))}") from exc
+                                f"{shorten(str(exc))}{args_base_note(exc)}") from exc
     missing = missing_pipeline_methods(pipeline)
     if missing:
         raise PipelineLoadError(f"pipeline: {short_repr(config.entry)} built a "
@@ -131,6 +145,17 @@ def build_pipeline(config: PipelineConfig, base_dir: Path) -> ARDiffusionPipelin
                                 f"implement SupportsARDiffusionPipeline and "
                                 f"SupportsARDiffusionBlockGeneration")
     return pipeline
+
+
+def args_base_note(exc: BaseException) -> str:
+    """Where a relative path the pipeline failed to open starts: `pipeline.args` reach the
+    pipeline as written, so it opens them from the working directory (not the config's
+    folder, the base of `pipeline.entry` and the rollout's files; docs/configs.md)."""
+    name = getattr(exc, "filename", None) if isinstance(exc, OSError) else None
+    if not isinstance(name, str) or os.path.isabs(os.path.expanduser(name)):
+        return ""
+    return (f" (relative paths in pipeline.args are relative to the working directory "
+            f"{short_repr(os.getcwd())})")
 
 
 def get_spec(pipeline: ARDiffusionPipeline) -> ARDiffusionKVCacheSpec:
@@ -147,3 +172,47 @@ def get_spec(pipeline: ARDiffusionPipeline) -> ARDiffusionKVCacheSpec:
                                 f"{type(spec).__name__}; it must return an "
                                 f"ARDiffusionKVCacheSpec")
     return spec
+
+
+def declared_input_paths(pipeline: object) -> list[tuple[str, Path]]:
+    """What the pipeline says `load` will read, as (name, path) pairs: its optional
+    `ar_diffusion_input_paths()` returns a mapping of a name shown in messages (where the
+    path came from, e.g. 'pipeline.args.model_dir') to a file or folder (None: skipped; `~`
+    expanded; relative to the working directory). No hook: nothing. Raises
+    PipelineLoadError when the hook raises or returns anything else."""
+    hook = getattr(pipeline, INPUT_PATHS_HOOK, None)
+    if hook is None:
+        return []
+    try:
+        declared = hook()
+    except ArdiffError:
+        raise
+    except Exception as exc:
+        raise PipelineLoadError(f"pipeline: {INPUT_PATHS_HOOK}() raised {type(exc).__name__}: "
+                                f"{shorten(str(exc))}") from exc
+    if not isinstance(declared, Mapping):
+        raise PipelineLoadError(f"pipeline: {INPUT_PATHS_HOOK}() returned a "
+                                f"{type(declared).__name__}; it must return a mapping of names "
+                                f"to paths, like {{'pipeline.args.model_dir': 'models/wan'}}")
+    pairs = []
+    for name, path in declared.items():
+        if not isinstance(name, str):
+            raise PipelineLoadError(f"pipeline: {INPUT_PATHS_HOOK}() has the key "
+                                    f"{short_repr(name)} ({type(name).__name__}); its keys name "
+                                    f"where each path comes from, like 'pipeline.args.ckpt'")
+        if path is not None:
+            pairs.append((name, _declared_path(name, path)))
+    return pairs
+
+
+def _declared_path(name: str, path: object) -> Path:
+    where = f"pipeline: {INPUT_PATHS_HOOK}()[{short_repr(name)}] is {short_repr(path)}"
+    if not isinstance(path, (str, os.PathLike)):
+        raise PipelineLoadError(f"{where} ({type(path).__name__}); it must be a path (str or "
+                                f"os.PathLike) or None")
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text.strip():
+        raise PipelineLoadError(f"{where}; give the path the pipeline reads, or None")
+    if "\0" in text:
+        raise PipelineLoadError(f"{where}, which holds a NUL byte; no file name can")
+    return Path(text).expanduser()

@@ -4,6 +4,7 @@
     handoff.push(event)                   stage the block's frames (CUDA: a pinned copy queued)
     for event in handoff.ready(): ...     the blocks beyond the lag, their frames on the host
     for event in handoff.ready(keep=0):   every staged block (the end of the run, a failure)
+    for event in handoff.finished():      the staged blocks already on the host (no wait)
 
 On CUDA `push` queues a non-blocking copy into pinned host memory and records an event
 behind it; `ready` waits for that event one block later, once the next block is queued
@@ -73,6 +74,16 @@ class FrameHandoff:
             if staged.done is not None:
                 self._wait(staged)
             yield staged.event
+
+    def finished(self) -> Iterator[BlockEvent]:
+        """The oldest blocks whose frames are on the host already, without waiting for the
+        device (a takeover's: the device may be what is stuck); stops at the first that is
+        not."""
+        while self._queue and not self.failed:
+            done = self._queue[0].done
+            if done is not None and not done.query():
+                return
+            yield self._queue.popleft().event
 
     def _wait(self, staged: Staged) -> None:
         assert staged.done is not None, "ready() waits only for a staged copy"

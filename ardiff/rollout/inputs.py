@@ -1,15 +1,28 @@
-"""Files and names a rollout reads: prompt lists, action lists, per-stream output paths."""
+"""Files and names a rollout reads: prompt lists, action lists, per-stream output paths.
+
+A prompts file and an actions file are checked as the inline values are (valid Unicode, no
+NUL: the same one-line error, naming the file and the line or entry); a prompts file may
+start with a UTF-8 BOM, dropped as YAML drops it from configs. Actions are checked against
+the pipeline's `action_names` before anything loads. A prompt longer than the pipeline's
+text length (the optional `max_prompt_tokens` and `count_prompt_tokens(prompt)`) is a
+warning naming both lengths, not an error: the pipeline truncates it.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from ardiff.config import yaml_loader
 from ardiff.errors import ConfigError
 from ardiff.path_text import check_path_text
-from ardiff.text import short_repr
+from ardiff.text import short_repr, shorten, text_problem
+
+if TYPE_CHECKING:  # pragma: no cover - typing only: streams imports this module
+    from ardiff.config.run import RunConfig
+    from ardiff.rollout.streams import RolloutPlan
 
 
 def input_file(field: str, value: object, base_dir: Path) -> Path | None:
@@ -34,22 +47,31 @@ def read_prompts(prompts: list[str] | str | None, base_dir: Path) -> list[str] |
     path = _resolve(prompts, base_dir, "rollout.prompts")
     try:
         # Lines end at \n (or \r\n) only: U+2028 or a form feed inside a prompt is text.
-        lines = path.read_text(encoding="utf-8").replace("\r\n", "\n").split("\n")
+        # utf-8-sig: a BOM (as some editors write) is dropped, not made part of the prompt.
+        lines = path.read_text(encoding="utf-8-sig").replace("\r\n", "\n").split("\n")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"rollout.prompts: cannot read {str(path)!r} ({exc.__class__.__name__}: "
                           f"{exc}); give a UTF-8 text file with one prompt per line") from exc
-    found = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    found = []
+    for number, line in enumerate(lines, start=1):
+        prompt = line.strip()
+        if prompt and not prompt.startswith("#"):
+            _check_text(f"rollout.prompts ({path}) line {number}", prompt)
+            found.append(prompt)
     if not found:
         raise ConfigError(f"rollout.prompts: {str(path)!r} has no prompts; write one per line")
     return found
 
 
-def read_actions(actions: list | str | None,
-                 base_dir: Path) -> tuple[tuple[str, ...], ...] | None:
+def read_actions(actions: list | str | None, base_dir: Path,
+                 action_names: tuple[str, ...] | None = None,
+                 frames_per_block: int | None = None) -> tuple[tuple[str, ...], ...] | None:
     """Per-block actions: an inline list, or a YAML file holding a list (or `actions: [...]`).
 
     Each entry is one action for every frame of its block, or a list with one
-    action per frame. The list repeats when the rollout is longer.
+    action per frame. The list repeats when the rollout is longer. With the pipeline's
+    `action_names` (`pipeline_actions`), every name must be one of them and a list must
+    hold one action or `frames_per_block`; without, any names pass.
     """
     if actions is None:
         return None
@@ -59,7 +81,25 @@ def read_actions(actions: list | str | None,
     if not isinstance(actions, list) or not actions:
         raise ConfigError(f"{where}: expected a non-empty list of actions, got "
                           f"{short_repr(actions)}")
-    return tuple(_action_entry(entry, f"{where}[{i}]") for i, entry in enumerate(actions))
+    entries = tuple(_action_entry(entry, f"{where}[{i}]") for i, entry in enumerate(actions))
+    if action_names is not None:
+        for i, entry in enumerate(entries):
+            _check_actions(entry, f"{where}[{i}]", action_names, frames_per_block)
+    return entries
+
+
+def pipeline_actions(pipeline: Any) -> tuple[str, ...] | None:
+    """The actions a pipeline declares (`action_names`: names a request's `actions` may
+    hold), or None when it declares none. Raises ConfigError for a malformed declaration."""
+    names = getattr(pipeline, "action_names", None)
+    if names is None:
+        return None
+    if (isinstance(names, str) or not isinstance(names, (tuple, list)) or not names
+            or not all(isinstance(name, str) and name for name in names)):
+        raise ConfigError(f"pipeline: action_names is {short_repr(names)}; it must be a "
+                          f"non-empty tuple of action names like ('none', 'left'), or leave it "
+                          f"undefined")
+    return tuple(names)
 
 
 def _load_actions_file(path: Path) -> tuple[str, object]:
@@ -80,11 +120,61 @@ def _load_actions_file(path: Path) -> tuple[str, object]:
 
 def _action_entry(entry: object, where: str) -> tuple[str, ...]:
     if isinstance(entry, str) and entry:
+        _check_text(where, entry)
         return (entry,)
     if isinstance(entry, list) and entry and all(isinstance(a, str) and a for a in entry):
+        for name in entry:
+            _check_text(where, name)
         return tuple(entry)
     raise ConfigError(f"{where}: {short_repr(entry)} is not an action; use a name like left or "
                       f"a list of names, one per frame of the block")
+
+
+def _check_actions(entry: tuple[str, ...], where: str, action_names: tuple[str, ...],
+                   frames_per_block: int | None) -> None:
+    for name in entry:
+        if name not in action_names:
+            raise ConfigError(f"{where}: {short_repr(name)} is not an action of this pipeline; "
+                              f"use one of {shorten(', '.join(action_names))}")
+    if frames_per_block is not None and len(entry) not in (1, frames_per_block):
+        raise ConfigError(f"{where}: {short_repr(list(entry))} is {len(entry)} actions for a "
+                          f"block of {frames_per_block} frame(s); give one action for the "
+                          f"whole block or one per frame")
+
+
+def _check_text(where: str, text: str) -> None:
+    """The config's rule for text (ardiff.text), for text read from a file."""
+    problem = text_problem(text)
+    if problem:
+        raise ConfigError(f"{where}: {short_repr(text)} {problem}")
+
+
+def prompt_warnings(pipeline: Any, config: RunConfig, plan: RolloutPlan) -> list[str]:
+    """A warning for each prompt of the plan longer than the pipeline's text length, naming
+    both lengths; none when the pipeline declares no text length (`max_prompt_tokens` and
+    `count_prompt_tokens(prompt) -> int | None`, asked after `load`)."""
+    field = "rollout.prompts" if config.rollout.prompts is not None else "rollout.prompt"
+    named = {(field, switch.prompt): None for stream in plan.streams
+             for switch in stream.schedule}
+    named[("rollout.negative_prompt", plan.negative_prompt)] = None
+    try:
+        return [warning for where, prompt in named
+                if (warning := _prompt_warning(pipeline, where, prompt))]
+    except Exception as exc:  # noqa: BLE001 - a warning's check must not end the run
+        return [f"pipeline: checking the prompts' length raised {type(exc).__name__}: "
+                f"{shorten(str(exc))}; they were not checked"]
+
+
+def _prompt_warning(pipeline: Any, where: str, prompt: str) -> str | None:
+    limit = getattr(pipeline, "max_prompt_tokens", None)
+    count = getattr(pipeline, "count_prompt_tokens", None)
+    if not (isinstance(limit, int) and not isinstance(limit, bool) and callable(count)):
+        return None
+    tokens = count(prompt)
+    if not isinstance(tokens, int) or tokens <= limit:
+        return None
+    return (f"{where}: {short_repr(prompt)} is {tokens} tokens, longer than the pipeline's "
+            f"text length of {limit} tokens; the model sees only the first {limit}")
 
 
 def output_path_for(template: str, index: int, num_streams: int) -> Path:

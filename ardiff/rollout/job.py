@@ -7,30 +7,33 @@ created. Once the rollout starts, every failure (the pipeline or encoder raising
 pipeline calling `sys.exit`, Ctrl-C) ends in the report as `failed` or `interrupted`, the
 files finalized with every finished frame. Stopping is cooperative: the job polls `stop`
 at safe points (before warmup, before the first block, after each block reaches the
-writer), so no file is left half-written; while `stop.phase` is `loading` or `warmup` a
-caller may raise KeyboardInterrupt instead. A job of several processes is
-`ardiff.launch`'s: each rank runs its `JobShare` through this function. Nothing prints.
+writer), so no file is left half-written; while `stop.phase` is `loading` or `warmup`, or
+the job runs the pipeline's code (`stop.gate.pipeline_since`), a caller may raise
+KeyboardInterrupt instead; where that code never returns, another thread may take the
+files over and finalise them (`stop.gate.take_over`, ardiff.rollout.gate). A job of
+several processes is `ardiff.launch`'s: each rank runs its `JobShare` through this
+function. Nothing prints.
 """
 
 from __future__ import annotations
 
-import numbers
+import copy
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
 from ardiff.config.run import RunConfig
-from ardiff.contract import ARDiffusionPipeline
 from ardiff.distributed.context import ParallelContext
 from ardiff.engine.build import ResolvedPipeline, build_runner, resolve
 from ardiff.errors import (
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
     ArdiffError,
     ConfigError,
-    PipelineLoadError,
     WarmupError,
 )
+from ardiff.rollout.gate import FileGate
 from ardiff.rollout.handoff import FrameHandoff, make_handoff
+from ardiff.rollout.inputs import pipeline_actions, prompt_warnings
+from ardiff.rollout.outcome import record_failure, record_interrupt
 from ardiff.rollout.paths import check_rollout_paths
 from ardiff.rollout.progress import ProgressEvent
 from ardiff.rollout.report import OutputRecord, RolloutReport, peak_rss_bytes
@@ -43,6 +46,7 @@ from ardiff.rollout.streams import (
     check_capacity,
     iter_rollout,
     plan_rollout,
+    video_frames_per_block,
 )
 from ardiff.video.writer import VideoInfo, VideoWriter, check_output_path
 
@@ -56,6 +60,20 @@ class Deliver(Protocol):
     """`_run`'s writer of ready blocks: True when a stop was polled."""
 
     def __call__(self, ready: Iterator[BlockEvent], poll: bool = True) -> bool: ...
+
+
+@dataclass
+class Files:
+    """What a rollout writes: a writer per stream (opened at its first frames), the blocks
+    on their way to them, and the gate over the files (`gate`, set by the job)."""
+
+    config: RunConfig
+    plan: RolloutPlan
+    handoff: FrameHandoff
+    writes: bool  # False: a CFG rank that makes the frames its peer writes
+    gate: FileGate = field(init=False)
+    writers: dict[int, VideoWriter] = field(default_factory=dict)
+    start: float | None = None  # time.perf_counter() when the rollout began
 
 
 def run_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], None] | None = None,
@@ -86,10 +104,15 @@ def run_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], None] | N
         runner.close()
         raise
     report = _new_report(config, plan, runner)
+    report.warnings.extend(prompt_warnings(runner.pipeline, config, plan))  # asked after load
+    files = Files(config, plan, make_handoff(runner, getattr(blocks, "frames_lag", None)),
+                  share.writes)
+    files.gate = stop.gate = FileGate(lambda: _abandon(report, stop, files, runner))
     try:
-        _warm_up_and_run(runner, plan, config, report, emit, stop, blocks, share.writes)
+        _warm_up_and_run(runner, plan, config, report, emit, stop, blocks, files)
     finally:
-        _close_runner(runner, report)
+        _close_runner(runner, report, files.gate)
+        files.gate.close()
     _finish_report(report, runner)
     stop.phase = "done"
     emit(ProgressEvent("done", report.frames_written, report.frames_requested))
@@ -109,33 +132,14 @@ def prepare_rollout(config: RunConfig, context: ParallelContext | None = None
     Raises ConfigError / OutputPathError / SpecError."""
     resolved = resolve(config, parallel=context)
     spec = resolved.spec
-    per_block, first_block = _video_frames_per_block(resolved.pipeline, spec.frames_per_block)
-    plan = plan_rollout(config, spec, per_block, first_block)
-    check_rollout_paths(config, [stream.output_path for stream in plan.streams])
+    per_block, first_block = video_frames_per_block(resolved.pipeline, spec.frames_per_block)
+    plan = plan_rollout(config, spec, per_block, first_block, pipeline_actions(resolved.pipeline))
+    check_rollout_paths(config, [stream.output_path for stream in plan.streams],
+                        pipeline=resolved.pipeline)
     out = config.output
     for stream in plan.streams:
         check_output_path(stream.output_path, out.codec, out.crf, out.preset, out.scale)
     return resolved, plan
-
-
-def _video_frames_per_block(pipeline: ARDiffusionPipeline, latent_frames: int) -> tuple[int, int]:
-    """Video frames of a block, and of a session's first block: the decoder makes
-    `video_frames_per_latent_frame` (default 1) per latent frame, and
-    `video_frames_first_latent_frame` (default: the same) for a session's first one."""
-    per = _frames_attribute(pipeline, "video_frames_per_latent_frame", 1,
-                            "video frames the decoder makes per latent frame")
-    first = _frames_attribute(pipeline, "video_frames_first_latent_frame", per,
-                              "video frames the decoder makes for a session's first latent frame")
-    return latent_frames * per, first + (latent_frames - 1) * per
-
-
-def _frames_attribute(pipeline: ARDiffusionPipeline, name: str, default: int,
-                      meaning: str) -> int:
-    value = getattr(pipeline, name, default)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise PipelineLoadError(f"pipeline: {name} is {value!r}; it must be an integer >= 1 "
-                                f"({meaning}), or leave it undefined for {default}")
-    return int(value)
 
 
 def _new_report(config: RunConfig, plan: RolloutPlan, runner: Runner) -> RolloutReport:
@@ -147,20 +151,21 @@ def _new_report(config: RunConfig, plan: RolloutPlan, runner: Runner) -> Rollout
 
 def _warm_up_and_run(runner: Runner, plan: RolloutPlan, config: RunConfig, report: RolloutReport,
                      emit: Callable[[ProgressEvent], None], stop: RolloutStop,
-                     blocks: BlockSource, writes: bool) -> None:
+                     blocks: BlockSource, files: Files) -> None:
     """Warmup, then the rollout, each only if nothing stopped the job before it."""
     try:
         if config.warmup.enabled and not _stopped(report, stop):
             stop.phase = "warmup"
             emit(ProgressEvent("warmup", 0, report.frames_requested))
-            _warmup(runner, report)
+            with files.gate.pipeline():
+                _warmup(runner, report)
         if report.status == "ok" and not _stopped(report, stop):
-            _run(runner, plan, config, report, emit, stop, blocks, writes)
+            _run(runner, plan, config, report, emit, stop, blocks, files)
     except BaseException as exc:  # noqa: BLE001 - e.g. Ctrl-C between the steps: still a report
         if report.status == "ok":
-            _record_failure(report, exc)
+            record_failure(report, exc)
     finally:
-        stop.phase = "finalising"  # closing the runner and the report: nothing to interrupt
+        stop.phase = "closing"  # every file is final: the runner and the report are left
 
 
 def _warmup(runner: Runner, report: RolloutReport) -> None:
@@ -178,27 +183,31 @@ def _warmup(runner: Runner, report: RolloutReport) -> None:
 
 def _run(runner: Runner, plan: RolloutPlan, config: RunConfig, report: RolloutReport,
          emit: Callable[[ProgressEvent], None], stop: RolloutStop, blocks: BlockSource,
-         writes: bool) -> None:
-    """The blocks, each handed to its stream's writer (`writes` False: counted, not written:
-    a CFG group's second rank makes the frames its first rank writes).
+         files: Files) -> None:
+    """The blocks, each handed to its stream's writer (`files.writes` False: counted, not
+    written: a CFG group's second rank makes the frames its first rank writes).
 
     On CUDA frames reach the writer one block late (`ardiff.rollout.handoff`). A stop
     polled after block i drops block i+1's frames, so the files end where a CPU run's
-    would; a failure writes every block that finished before it."""
+    would; a failure writes every block that finished before it. Making a block (and, on
+    CUDA, waiting for its frames) runs with the files let go (`files.gate`)."""
     stop.phase = "rollout"  # before the first file opens: from here a stop must be requested
-    writers: dict[int, VideoWriter] = {}
-    start = time.perf_counter()
-    handoff = make_handoff(runner, getattr(blocks, "frames_lag", None))
+    writers, handoff, gate, writes = files.writers, files.handoff, files.gate, files.writes
+    start = files.start = time.perf_counter()
 
     def deliver(ready: Iterator[BlockEvent], poll: bool = True) -> bool:
         """Write the ready blocks; True when a stop was polled (`poll` False: after a
         failure, when a parallel rank's poll would wait for peers that may be gone)."""
-        for event in ready:
-            _write(event, writers, config, report, writes)
-            if report.time_to_first_frame_s is None:
-                report.time_to_first_frame_s = time.perf_counter() - start
-            if event.frames_written >= plan.frames and event.stream.index in writers:
-                _close_writer(writers.pop(event.stream.index), event.stream, report, stop)
+        for event in gate.steps(ready):
+            with gate.files():
+                _write(event, writers, config, report, writes)
+                if report.time_to_first_frame_s is None:
+                    report.time_to_first_frame_s = time.perf_counter() - start
+                if event.frames_written >= plan.frames and event.stream.index in writers:
+                    _close_writer(writers.pop(event.stream.index), event.stream, report, stop)
+                gate.open_files = len(writers)
+            if not writers and report.frames_written >= report.frames_requested:
+                stop.phase = "closing"  # every file is final: only the sessions' close is left
             emit(ProgressEvent("rollout", report.frames_written, report.frames_requested, event,
                                runner.cache.stats().pages_in_use))
             if poll and _stopped(report, stop):
@@ -207,7 +216,7 @@ def _run(runner: Runner, plan: RolloutPlan, config: RunConfig, report: RolloutRe
 
     try:
         stopped = False
-        for event in blocks(runner, plan):
+        for event in gate.steps(blocks(runner, plan)):
             handoff.push(event, copy=writes)
             if deliver(handoff.ready()):
                 stopped = True
@@ -215,14 +224,51 @@ def _run(runner: Runner, plan: RolloutPlan, config: RunConfig, report: RolloutRe
         if not stopped:
             deliver(handoff.ready(keep=0))
     except BaseException as exc:  # noqa: BLE001 - every failure ends in a report
-        _record_failure(report, exc)
+        record_failure(report, exc)
         _deliver_finished(deliver, handoff)
     finally:
         report.rollout_s = time.perf_counter() - start
         stop.phase = "finalising"  # from here on, only finishing: the files, the runner, stats
-        streams = {stream.index: stream for stream in plan.streams}
-        for index, writer in list(writers.items()):
-            _close_writer(writer, streams[index], report, stop)
+        with gate.files():
+            _close_writers(files, report, stop)
+        stop.phase = "closing"
+
+
+def _close_writers(files: Files, report: RolloutReport, stop: RolloutStop) -> None:
+    """Finalise every file still open (the caller holds the gate's files)."""
+    streams = {stream.index: stream for stream in files.plan.streams}
+    for index, writer in list(files.writers.items()):
+        _close_writer(writer, streams[index], report, stop)
+    files.writers.clear()
+    files.gate.open_files = 0
+    if files.writes:  # what the files hold, not what reached the writers (a full disk, say)
+        report.frames_written = sum(output.frames for output in report.outputs)
+
+
+def _abandon(report: RolloutReport, stop: RolloutStop, files: Files,
+             runner: Runner) -> RolloutReport:
+    """The files taken over from a job whose thread is stuck in the pipeline's code (by
+    `files.gate.take_over`, on another thread): the blocks already on the host written,
+    every file finalised, a copy of the report made (the job's thread may still write to
+    its own, should the pipeline return). The job's thread never touches the files again."""
+    report = copy.copy(report)
+    report.warnings, report.outputs = list(report.warnings), list(report.outputs)
+    if files.start is not None:
+        report.rollout_s = time.perf_counter() - files.start
+    if report.status == "ok":
+        record_failure(report, KeyboardInterrupt(stop.reason or ""))
+    stop.phase = "finalising"
+    try:
+        for event in files.handoff.finished():
+            _write(event, files.writers, files.config, report, files.writes)
+    except BaseException:  # noqa: BLE001 - the interrupt is what is reported
+        pass
+    _close_writers(files, report, stop)
+    try:
+        _finish_report(report, runner)
+    except BaseException:  # noqa: BLE001 - e.g. a stuck device's timings: the report stands
+        pass
+    return report
 
 
 def _deliver_finished(deliver: Deliver, handoff: FrameHandoff) -> None:
@@ -253,7 +299,7 @@ def _stopped(report: RolloutReport, stop: RolloutStop) -> bool:
     reason = stop.poll()
     if reason is None:
         return False
-    _record_interrupt(report, reason)
+    record_interrupt(report, reason)
     return True
 
 
@@ -272,7 +318,7 @@ def _close_writer(writer: VideoWriter, stream: Stream, report: RolloutReport,
         info = writer.close()
     except BaseException as exc:  # noqa: BLE001 - the encoder failing is a failed run
         if report.status == "ok":
-            _record_failure(report, exc)
+            record_failure(report, exc)
         info = writer.info  # a second close() would raise the same error again
         if info is None:  # interrupted before the file was finalized
             return
@@ -282,42 +328,15 @@ def _close_writer(writer: VideoWriter, stream: Stream, report: RolloutReport,
     report.outputs.append(OutputRecord(info.path, info.codec, info.frames, info.bytes, prompt))
 
 
-def _record_failure(report: RolloutReport, exc: BaseException) -> None:
-    """What went wrong, as the report says it: KeyboardInterrupt is `interrupted` (by the
-    signal named in its message, if any), anything else `failed`; never re-raises."""
-    if isinstance(exc, KeyboardInterrupt):
-        _record_interrupt(report, str(exc))
-        return
-    report.status = "failed"
-    report.exit_code = exc.exit_code if isinstance(exc, ArdiffError) else EXIT_FAILED
-    report.error = _describe(exc)
-    report.exception = exc
-
-
-def _record_interrupt(report: RolloutReport, reason: str) -> None:
-    """`interrupted`, or `interrupted by SIGTERM` when there is a reason."""
-    by = f" by {reason}" if reason else ""
-    report.status, report.exit_code = "interrupted", EXIT_INTERRUPTED
-    report.error = f"interrupted{by}"
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, ArdiffError):
-        return str(exc)
-    if isinstance(exc, SystemExit):  # outside generate_block, e.g. in a hook
-        return (f"the pipeline called exit({exc.code!r}); a pipeline must raise an exception, "
-                f"not exit the process")
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _close_runner(runner: Runner, report: RolloutReport) -> None:
+def _close_runner(runner: Runner, report: RolloutReport, gate: FileGate) -> None:
     try:
-        runner.close()
+        with gate.pipeline():  # the close hooks
+            runner.close()
     except ArdiffError as exc:
         report.warnings.append(f"closing sessions: {exc}")
     except BaseException as exc:  # noqa: BLE001 - a hook that exits, Ctrl-C: still a report
         if report.status == "ok":
-            _record_failure(report, exc)
+            record_failure(report, exc)
 
 
 def _finish_report(report: RolloutReport, runner: Runner) -> None:

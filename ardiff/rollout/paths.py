@@ -1,13 +1,18 @@
-"""The paths a run reads and writes, checked together before any compute.
+"""The paths a command reads and writes, checked together before any work.
 
-    check_path_text("--json", text)                         # one path string, on its own
-    check_run_paths(written, read)                          # no two of them are one file
-    check_rollout_paths(config, config_file=..., stats_file=...)   # all of a rollout's
+    check_path_text("--json", text)                  # one path string, on its own
+    check_written_file("--report", text)             # a file output can land where it leads
+    check_run_paths(written, read)                   # no written path is another or an input
+    check_rollout_paths(config, config_file=..., stats_file=..., written=..., pipeline=...)
 
-Every written path (outputs, `--json`) is a file of its own: not another output, not an
-input (config, prompts, actions). "One file" means one resolved path, whatever the
-spelling (`~`, relative, `a/../b`, symlinks), or one device and inode when it exists (hard
-links). Only strings and the file system are read; nothing is created.
+Written: the videos (`output.path`), `--json`, `--report`, `--plot`, `--actions-out`. Read:
+the config file, the prompts and actions files, a `file.py:attr` entry's file and what the
+pipeline declares it loads (`ar_diffusion_input_paths`). Every written path is a file of its
+own: not another written path, not a read one, not an existing file inside a folder that is
+read. "One file" means one resolved path, whatever the spelling (`~`, relative, `a/../b`,
+symlinks), or one device and inode when it exists (hard links). An output is written where
+it leads (`landing`): a symlink's target, a FIFO or device as it is. Only strings and the
+file system are read; nothing is created.
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from ardiff.engine.loader import declared_input_paths, entry_file
 from ardiff.errors import ConfigError, OutputPathError
-from ardiff.path_text import EXAMPLE_NAMES, check_path_text
+from ardiff.path_text import EXAMPLE_NAMES, check_path_text, landing
 from ardiff.rollout.inputs import input_file
 from ardiff.rollout.streams import output_paths
 
@@ -26,71 +32,112 @@ NamedPath = tuple[str, "str | os.PathLike"]  # (field, the path as the user wrot
 
 def check_rollout_paths(config: Any, outputs: Sequence[Path] | None = None, *,
                         config_file: str | os.PathLike | None = None,
-                        stats_file: str | None = None) -> None:
-    """Check every path a rollout of `config` touches, before any compute.
+                        stats_file: str | None = None,
+                        written: Sequence[tuple[str, str | os.PathLike | None]] = (),
+                        pipeline: object = None) -> None:
+    """Check every path a command running `config` reads and writes, before any work.
 
-    `outputs`: the streams' output paths (None: planned from the config, which reads
-    the prompts file). `config_file`: the config's own file, if any; `stats_file`:
-    `--json` (None or '-': none). Raises OutputPathError / ConfigError.
+    `outputs`: the videos (None: planned from the config, which reads the prompts file;
+    () for a command that writes none). `stats_file`: `--json` (None or '-': none);
+    `written`: the command's other files, (flag, path or None). `config_file`: the config's
+    own file, if any; `pipeline`: the built pipeline, whose declared inputs are read too.
+    Raises OutputPathError / ConfigError / PipelineLoadError (from the pipeline's hook).
     """
-    written: list[NamedPath] = [("output.path", path)
-                                for path in (output_paths(config) if outputs is None else outputs)]
-    if stats_file not in (None, "-"):
-        check_stats_file(stats_file)
-        written.append(("--json", stats_file))
+    files: list[NamedPath] = [] if stats_file in (None, "-") else [("--json", stats_file)]
+    files += [(field, os.fspath(path)) for field, path in written if path is not None]
+    for field, path in files:
+        check_written_file(field, path)
+    videos = output_paths(config) if outputs is None else outputs
+    check_run_paths([*(("output.path", path) for path in videos), *files],
+                    read_paths(config, config_file, pipeline))
+
+
+def read_paths(config: Any, config_file: str | os.PathLike | None = None,
+               pipeline: object = None) -> list[NamedPath]:
+    """What a run of `config` reads: the config file, the prompts and actions files, the
+    entry's file and (given the built `pipeline`) what it declares it loads."""
     read: list[NamedPath] = [] if config_file is None else [("config", config_file)]
     for field, value in (("rollout.prompts", config.rollout.prompts),
                          ("rollout.actions", config.rollout.actions)):
         path = input_file(field, value, config.base_dir)
         if path is not None:
             read.append((field, path))
-    check_run_paths(written, read)
+    entry = entry_file(config.pipeline.entry, config.base_dir)
+    if entry is not None:
+        read.append(("pipeline.entry", entry))
+    return read + ([] if pipeline is None else declared_input_paths(pipeline))
 
 
-def check_stats_file(text: str) -> None:
-    """The `--json` file can be written where it really is written: a regular file (or a new
-    one) is replaced through a work file in the folder of its target (a symlink's target),
-    so that folder must exist and be writable; a device or FIFO is written directly."""
-    check_path_text("--json", text)
-    path = Path(text).expanduser()
-    target = Path(os.path.realpath(path))
+def check_written_file(field: str, text: str | os.PathLike) -> None:
+    """A file output can be written where it lands (`landing`): a regular file (or a new one)
+    is replaced through a work file in the folder of its target (a symlink's target), so
+    that folder must exist and be writable; a device or FIFO is written into as it is."""
+    check_path_text(field, text)
+    shown = os.fspath(text)
+    try:
+        _check_landing(field, shown)
+    except OSError as exc:  # a folder this user may not look into, a loop of links...
+        raise ConfigError(f"{field}: cannot look at {shown!r} ({type(exc).__name__}: "
+                          f"{exc.strerror or exc}); check the path or pick another") from exc
+
+
+def _check_landing(field: str, shown: str) -> None:
+    target, stream = landing(shown)
     folder = target.parent
     if not folder.is_dir():
-        raise ConfigError(f"--json: {text!r} is in a folder that does not exist "
+        raise ConfigError(f"{field}: {shown!r} is in a folder that does not exist "
                           f"({str(folder)!r}); create it first or pick another path")
     if target.is_dir():
-        raise ConfigError(f"--json: {text!r} is a folder; give a file name like "
-                          f"{str(path / 'stats.json')!r}")
-    direct = target.exists() and not target.is_file()
-    writable = os.access(target, os.W_OK) if direct else os.access(folder, os.W_OK | os.X_OK)
+        example = os.path.join(shown, EXAMPLE_NAMES.get(field, "name.ext"))
+        raise ConfigError(f"{field}: {shown!r} is a folder; give a file name like {example!r}")
+    writable = os.access(target, os.W_OK) if stream else os.access(folder, os.W_OK | os.X_OK)
     if not writable:
-        raise ConfigError(f"--json: {text!r} is not writable; fix the permissions of the "
+        raise ConfigError(f"{field}: {shown!r} is not writable; fix the permissions of the "
                           f"file or of its folder {str(folder)!r}, or pick another path")
 
 
 def check_run_paths(written: Sequence[NamedPath], read: Sequence[NamedPath]) -> None:
-    """Every written path is its own file: neither another written path nor a read one.
+    """Every written path is its own file: neither another written path nor a read one, nor
+    an existing file inside a read folder.
 
     Raises OutputPathError naming the written path's field, both spellings and the fix.
-    Linear in the number of paths (a prompts file may give thousands of outputs).
+    Linear in the number of paths (a prompts file may give thousands of outputs) times the
+    read folders (a pipeline's few).
     """
-    seen: dict[tuple, NamedPath] = {}
+    seen: dict[tuple, tuple[str, Any, bool]] = {}  # identity -> (field, path, is read)
+    folders: list[tuple[Path, str, Any]] = []
     for field, path in read:
-        seen.setdefault(_identity(path), (field, path))
+        seen.setdefault(_identity(path), (field, path, True))
+        if _is_folder(path):
+            folders.append((_resolved(path), field, path))
     for field, path in written:
         key = _identity(path)
         if key in seen:
             raise OutputPathError(_collision(field, path, *seen[key]))
-        seen[key] = (field, path)
+        _check_outside(field, path, folders)
+        seen[key] = (field, path, False)
 
 
-def _collision(field: str, path, other_field: str, other) -> str:
+def _check_outside(field: str, path, folders: list[tuple[Path, str, Any]]) -> None:
+    """An existing file inside a folder the run reads would be overwritten: refused. A new one
+    changes nothing the run reads."""
+    resolved = _resolved(path)
+    if not folders or not resolved.exists():
+        return
+    for folder, other_field, other in folders:
+        if resolved.is_relative_to(folder):
+            raise OutputPathError(
+                f"{field}: {os.fspath(path)!r} is inside {other_field} {os.fspath(other)!r}, "
+                f"a folder the run reads; the run would overwrite its input; pick another "
+                f"name, like {EXAMPLE_NAMES.get(field, 'another')!r}")
+
+
+def _collision(field: str, path, other_field: str, other, reads: bool) -> str:
     shown, other_shown = os.fspath(path), os.fspath(other)
     both = "" if shown == other_shown else f" (both are {str(_resolved(path))!r})"
     if field == other_field:  # two streams of one output template
         return (f"{field}: two streams would write one file, {other_shown!r} and {shown!r}"
                 f"{both}; put {{index}} in the file name so each stream gets its own")
-    reads = other_field in ("config", "rollout.prompts", "rollout.actions")
     verb = "overwrite its input" if reads else "write it twice, and one would be lost"
     return (f"{field}: {shown!r} is the same file as {other_field} {other_shown!r}{both}; the "
             f"run would {verb}; pick another name, like {EXAMPLE_NAMES.get(field, 'another')!r}")
@@ -109,6 +156,13 @@ def _identity(path: str | os.PathLike) -> tuple:
     except OSError:
         return ("path", str(resolved))
     return ("inode", stat.st_dev, stat.st_ino)
+
+
+def _is_folder(path: str | os.PathLike) -> bool:
+    try:
+        return _resolved(path).is_dir()
+    except OSError:
+        return False
 
 
 def _resolved(path: str | os.PathLike) -> Path:

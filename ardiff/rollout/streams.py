@@ -16,15 +16,17 @@ blocks and the positions checked against `max_model_len` are exact:
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from ardiff.config.run import PromptSwitch, RunConfig
+from ardiff.contract import ARDiffusionPipeline
 from ardiff.contract.forward import RolloutRequest
 from ardiff.contract.spec import ARDiffusionKVCacheSpec
 from ardiff.engine.timing import Latency, seconds
-from ardiff.errors import ConfigError
+from ardiff.errors import ConfigError, PipelineLoadError
 from ardiff.rollout.inputs import output_path_for, read_actions, read_prompts
 from ardiff.sizes import ceil_div
 
@@ -102,10 +104,12 @@ class BlockEvent:
 
 
 def plan_rollout(config: RunConfig, spec: ARDiffusionKVCacheSpec, video_frames_per_block: int,
-                 first_block_frames: int | None = None) -> RolloutPlan:
+                 first_block_frames: int | None = None,
+                 action_names: tuple[str, ...] | None = None) -> RolloutPlan:
     """Build and check the plan: prompts, actions, outputs and positions (`check_capacity`
     checks it against a runner's plan once that exists). `first_block_frames` defaults to
-    `video_frames_per_block`."""
+    `video_frames_per_block`; `action_names`, the pipeline's, checks the actions
+    (`ardiff.rollout.inputs.read_actions`)."""
     rollout = config.rollout
     first = video_frames_per_block if first_block_frames is None else first_block_frames
     schedules = _schedules(config)
@@ -113,7 +117,7 @@ def plan_rollout(config: RunConfig, spec: ARDiffusionKVCacheSpec, video_frames_p
     streams = tuple(Stream(i, f"stream-{i}", schedule, output,
                            walk_blocks(schedule, rollout.frames, first, video_frames_per_block))
                     for i, (schedule, output) in enumerate(zip(schedules, outputs)))
-    actions = read_actions(rollout.actions, config.base_dir)
+    actions = read_actions(rollout.actions, config.base_dir, action_names, spec.frames_per_block)
     plan = RolloutPlan(streams, rollout.frames, video_frames_per_block, first, actions,
                        rollout.interleave and len(streams) > 1, rollout.seed,
                        rollout.negative_prompt, rollout.num_steps, rollout.guidance_scale)
@@ -235,3 +239,23 @@ def build_request(plan: RolloutPlan, stream: Stream, block_index: int) -> Rollou
         guidance_scale=plan.guidance_scale, actions=actions,
         reset=switching == "reset", clear_cross_kv=switching in ("clear-cross", "recache"),
         extra={"recache": True} if switching == "recache" else {})
+
+
+def video_frames_per_block(pipeline: ARDiffusionPipeline, latent_frames: int) -> tuple[int, int]:
+    """Video frames of a block, and of a session's first block: the decoder makes
+    `video_frames_per_latent_frame` (default 1) per latent frame, and
+    `video_frames_first_latent_frame` (default: the same) for a session's first one."""
+    per = _frames_attribute(pipeline, "video_frames_per_latent_frame", 1,
+                            "video frames the decoder makes per latent frame")
+    first = _frames_attribute(pipeline, "video_frames_first_latent_frame", per,
+                              "video frames the decoder makes for a session's first latent frame")
+    return latent_frames * per, first + (latent_frames - 1) * per
+
+
+def _frames_attribute(pipeline: ARDiffusionPipeline, name: str, default: int,
+                      meaning: str) -> int:
+    value = getattr(pipeline, name, default)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise PipelineLoadError(f"pipeline: {name} is {value!r}; it must be an integer >= 1 "
+                                f"({meaning}), or leave it undefined for {default}")
+    return int(value)

@@ -146,9 +146,9 @@ def test_a_compiled_arm_that_fails_to_compile_is_reported_and_the_rest_is_measur
     real_build = run._build_runners
     failed = []
 
-    def with_a_failing_compiled_runner(config, compiled, runners):
-        real_build(config, False, runners)
-        runner = runners["compiled"] = run.build_runner(config, backend="paged")
+    def with_a_failing_compiled_runner(resolved, compiled, runners):
+        real_build(resolved, False, runners)
+        runner = runners["compiled"] = run.build_runner(resolved.config, backend="paged")
 
         def warmup():
             failed.append(runner)

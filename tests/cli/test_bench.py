@@ -148,3 +148,127 @@ def test_no_config_benches_the_embedded_default_against_its_reference_loop(timed
     assert data["max_abs_frame_diff"]["ardiff/reference"] == 0
     assert timed_commands[1][0] == "inspect-spec"
     assert Path(timed_commands[1][1]).name == "default.yaml"
+
+
+# -- #25: limits like rollout's, stdout the JSON's alone ------------------------------------------
+FAULTS = Path(__file__).resolve().parents[1] / "support" / "fault_pipelines.py"
+SHORT = {"pipeline": {"entry": f"{FAULTS}:FaultPipeline", "args": {"max_model_len": 40}},
+         "runtime": {"memory_budget": "16MiB"}, "rollout": {"frames": 4},
+         "output": {"fps": 8}}  # blocks of 2 frames; 4 blocks fill the window
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--blocks", "0"], "--blocks: 0 is invalid; it must be > 0"),
+    (["--repeats", "1001"], "--repeats: 1001 is invalid; it must be <= 1000"),
+    (["--sweep-frames", "8,1000001"], "--sweep-frames: 1000001 is invalid; it must be <= "
+                                      "1000000"),
+    (["--blocks", "17", "--no-encode"], "--blocks: 17 timed blocks after the 4 that fill the "
+     "window reach frame position 42, past the pipeline's max_model_len of 40; use --blocks "
+     "16 at most"),
+    (["--blocks", "2"], "--blocks: the encode runs make 32 blocks after the 4 that fill the "
+     "window, reaching frame position 72, past the pipeline's max_model_len of 40; add "
+     "--no-encode"),
+    (["--sweep-frames", "8,41", "--no-encode"], "--sweep-frames: 41 frames reach frame "
+     "position 42, past the pipeline's max_model_len of 40; use at most 40"),
+    (["--workers", "2000"], "runtime.parallel.workers: 2000 is invalid; it must be <= 1024"),
+    (["--workers", "2"], "runtime.parallel.workers: 2 replicas for 1 prompt(s) would leave 1 "
+     "idle; use at most 1 (or give more prompts)"),
+])
+def test_lengths_and_counts_are_refused_before_anything_loads(tmp_path, monkeypatch, args,
+                                                              message):
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the bench built a runner before its lengths were checked")
+
+    monkeypatch.setattr("ardiff.bench.run.build_runner", must_not_run)
+    monkeypatch.setattr("ardiff.bench.speedup.run_parallel_rollout", must_not_run)
+    config = tmp_path / "bench.yaml"
+    config.write_text(yaml.safe_dump(SHORT))
+
+    result = CliRunner().invoke(app, ["bench", str(config), *args, "--json", "bench.json"])
+
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines() == [f"error: {message}"]
+    assert not (tmp_path / "bench.json").exists()
+
+
+def test_actions_are_checked_as_a_rollout_checks_them(monkeypatch):
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the bench built a runner before its actions were checked")
+
+    monkeypatch.setattr("ardiff.bench.run.build_runner", must_not_run)
+    result = CliRunner().invoke(app, ["bench", "--set", "rollout.actions=[left, jump]"])
+
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines() == [
+        "error: rollout.actions[1]: 'jump' is not an action of this pipeline; use one of none, "
+        "left, right, up, down"]
+
+
+def test_a_plot_that_cannot_be_written_is_exit_1_after_the_numbers(tmp_path, monkeypatch,
+                                                                   timed_commands):
+    pytest.importorskip("matplotlib")
+    from ardiff.errors import OutputPathError
+
+    def disk_full(timeline, path, *args):
+        raise OutputPathError(f"cannot write the picture {str(path)!r} (OSError: No space left "
+                              f"on device); choose a writable path")
+
+    monkeypatch.setattr("ardiff.rollout.figure.write_figure", disk_full)
+    plot = tmp_path / "run.png"
+    result = run_bench(tmp_path, "--no-encode", "--no-compile", "--plot", str(plot),
+                       "--json", str(tmp_path / "bench.json"))
+
+    assert result.exit_code == 1, result.output
+    assert "paged / dense" in result.stdout
+    assert result.stderr.splitlines()[-1] == (
+        f"error: cannot write the picture {str(plot)!r} (OSError: No space left on device); "
+        f"choose a writable path")
+    assert json.loads((tmp_path / "bench.json").read_text())["plot"]["error"]
+
+
+PRINTING = """
+from fault_pipelines import FaultPipeline
+
+
+class Printing(FaultPipeline):
+    def generate_block(self, request, state):
+        print("a pipeline's print")
+        return super().generate_block(request, state)
+"""
+
+
+def test_json_dash_stdout_holds_the_json_alone(tmp_path, timed_commands):
+    (tmp_path / "printing.py").write_text(PRINTING)
+    config = tmp_path / "bench.yaml"
+    config.write_text(yaml.safe_dump({**SHORT, "pipeline": {"entry": "printing.py:Printing"}}))
+
+    result = CliRunner().invoke(app, ["bench", str(config), "--blocks", "1", "--repeats", "1",
+                                      "--no-encode", "--no-compile", "--json", "-"])
+
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["arms"]["paged"]["wall_s"]["n"] == 1  # all of stdout
+    assert "a pipeline's print" in result.stderr
+
+
+@pytest.mark.heavy  # the whole bench in a subprocess, its start-up timing included
+def test_json_dash_of_the_installed_command_holds_the_json_alone(tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    ardiff = shutil.which("ardiff", path=str(Path(sys.executable).parent))
+    (tmp_path / "printing.py").write_text(PRINTING.replace(
+        'print("a pipeline\'s print")', 'print("a pipeline\'s print"); '
+        '__import__("os").write(1, b"a write to fd 1\\n")'))
+    config = tmp_path / "bench.yaml"
+    config.write_text(yaml.safe_dump({**SHORT, "pipeline": {"entry": "printing.py:Printing"}}))
+    env = {**os.environ, "PYTHONPATH": str(FAULTS.parent), "OMP_NUM_THREADS": "1"}
+
+    proc = subprocess.run([ardiff, "bench", str(config), "--blocks", "1", "--repeats", "1",
+                           "--no-encode", "--no-compile", "--json", "-"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["arms"]["paged"]["wall_s"]["n"] == 1
+    assert "a pipeline's print" in proc.stderr and "a write to fd 1" in proc.stderr

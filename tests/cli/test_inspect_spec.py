@@ -260,6 +260,23 @@ def test_help(cli):
     assert result.exit_code == 0 and "inspect-spec" in result.stdout
 
 
+def test_help_says_what_it_runs_and_what_it_does_not(invoke):
+    """#25: not a "dry run" that runs nothing: it constructs the pipeline (the config's code),
+    loads no weights and allocates nothing; the docs say the same."""
+    result = invoke("inspect-spec", "--help")
+    text = " ".join(result.stdout.replace("│", " ").split())
+    assert result.exit_code == 0
+    for said in ("constructs the pipeline", "trust a config as you would a script",
+                 "loads no weights and allocates nothing"):
+        assert said in text
+    assert "dry run" not in text
+    configs = " ".join((REPO / "docs" / "configs.md").read_text().split())
+    commands = " ".join((REPO / "docs" / "commands.md").read_text().split())
+    assert "**Trust a config as you would trust a script**" in configs
+    assert "it constructs the pipeline (running the config's code), loads no weights and " \
+           "allocates nothing" in commands
+
+
 def test_fraction_budget_on_a_missing_cuda_device_exits_2(invoke, tiny_config):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

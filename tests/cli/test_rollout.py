@@ -5,7 +5,8 @@ The test pipelines log what they were asked for (tests/support/rollout_pipelines
 or fail on purpose (tests/support/probe_pipeline.py); both make blocks of 2 frames.
 Rollouts are a few blocks long and run in-process through Typer's runner (`ardiff`).
 Three tests (marked slow) run the installed command in a subprocess (`installed`): the
-default config, Ctrl-C (a real SIGINT) and the CI smoke script.
+default config, Ctrl-C (a real SIGINT) and the CI smoke script; a heavy one, `--json -`
+of a pipeline that prints on every descriptor.
 """
 
 from __future__ import annotations
@@ -359,6 +360,149 @@ def test_bad_input_is_refused_with_exit_2_before_anything_runs(tmp_path, case):
     assert result.exit_code == 2, result.output
     assert_one_error_line(result, *fragments)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]  # no video, no block run
+
+
+# -- #25: stdout is the JSON's alone; inputs checked where they enter ----------------------------
+NOISY_PIPELINE = """
+import ctypes
+import os
+
+from rollout_pipelines import RecordingPipeline
+
+
+class NoisyPipeline(RecordingPipeline):
+    \"\"\"Prints in load, warmup and every block: Python, a raw write to fd 1, C's printf.\"\"\"
+
+    def say(self, where):
+        print(f"python print in {where}")
+        os.write(1, f"fd 1 write in {where}\\n".encode())
+        ctypes.CDLL(None).printf(f"C printf in {where}\\n".encode())  # buffered by C's stdio
+
+    def load(self, device, dtype):
+        self.say("load")
+
+    def ar_diffusion_warmup_requests(self, session_id):
+        self.say("warmup")
+        return super().ar_diffusion_warmup_requests(session_id)
+
+    def generate_block(self, request, state):
+        self.say("generate_block")
+        return super().generate_block(request, state)
+
+
+class ShortTextPipeline(RecordingPipeline):
+    \"\"\"Declares a text length of 3 tokens, one token per word.\"\"\"
+
+    max_prompt_tokens = 3
+
+    def count_prompt_tokens(self, prompt):
+        return len(prompt.split())
+"""
+
+
+def write_support_pipeline(tmp_path: Path, cls: str, **rollout) -> Path:
+    (tmp_path / "extra_pipelines.py").write_text(NOISY_PIPELINE)
+    return write_config(tmp_path, cls, tmp_path / "extra_pipelines.py", rollout=rollout)
+
+
+def test_json_dash_stdout_is_the_json_alone_whatever_the_pipeline_prints(tmp_path, capfd):
+    """In this process: Typer's runner holds Python's stdout and stderr, `capfd` the
+    descriptors (a raw write and C's printf go to descriptor 2, not 1)."""
+    config = write_support_pipeline(tmp_path, "NoisyPipeline")
+
+    result = ardiff(tmp_path, "rollout", config, "--frames", 4, "--json", "-")
+
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["frames"]["written"] == 4  # the whole of stdout
+    descriptors = capfd.readouterr()
+    for where in ("load", "warmup", "generate_block"):
+        assert f"python print in {where}" in result.stderr
+        for how in ("fd 1 write", "C printf"):
+            assert f"{how} in {where}" in descriptors.err
+            assert f"{how} in {where}" not in descriptors.out
+
+
+@pytest.mark.heavy  # a fresh interpreter: the JSON goes to a copy of the real descriptor 1
+def test_the_installed_commands_stdout_is_the_json_alone(tmp_path):
+    config = write_support_pipeline(tmp_path, "NoisyPipeline")
+    env = {**ENV, "PYTHONPATH": str(TESTS_DIR / "support")}
+
+    proc = subprocess.run([ARDIFF, "rollout", str(config), "--frames", "4", "--json", "-"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads(proc.stdout)  # the whole of stdout: nothing before or after
+    assert (stats["status"], stats["frames"]["written"]) == ("ok", 4)
+    for where in ("load", "warmup", "generate_block"):
+        for how in ("python print", "fd 1 write", "C printf"):
+            assert f"{how} in {where}" in proc.stderr
+
+
+def test_flags_carry_any_unicode(tmp_path):
+    log = tmp_path / "log.jsonl"
+    config = write_config(tmp_path, args={"log": str(log)})
+    (tmp_path / "prompts \U0001F600.txt").write_text("a \U0001F431 walks\n")
+    (tmp_path / "actions \U0001F600.yaml").write_text("- \u00e9t\u00e9\n")
+
+    result = ardiff(tmp_path, "rollout", config, "--frames", 2, "--prompts",
+                    "prompts \U0001F600.txt", "--actions", "actions \U0001F600.yaml",
+                    "-o", "out \U0001F600.npy")
+    assert result.exit_code == 0, result.stderr
+    assert [(b["prompt"], b["actions"]) for b in read_log(log)] == [("a \U0001F431 walks",
+                                                                   ["\u00e9t\u00e9"])]
+    assert (tmp_path / "out \U0001F600.npy").is_file()
+
+    result = ardiff(tmp_path, "rollout", config, "--device", "cpu\U0001F600")
+    assert result.exit_code == 2
+    assert_one_error_line(result, "runtime.device: 'cpu\U0001F600' is not a device; use cpu")
+
+
+def test_a_prompts_file_loses_its_bom_and_is_checked_as_inline_prompts_are(tmp_path):
+    log = tmp_path / "log.jsonl"
+    config = write_config(tmp_path, args={"log": str(log)})
+    (tmp_path / "bom.txt").write_bytes("\ufeffa cat\n".encode())
+    (tmp_path / "nul.txt").write_text("a cat\n\na\0dog\n")
+
+    result = ardiff(tmp_path, "rollout", config, "--frames", 2, "--prompts", "bom.txt")
+    assert result.exit_code == 0, result.stderr
+    assert [b["prompt"] for b in read_log(log)] == ["a cat"]
+
+    result = ardiff(tmp_path, "rollout", config, "--prompts", "nul.txt", "--json", "s.json")
+    assert result.exit_code == 2, result.output
+    assert_one_error_line(result, f"rollout.prompts ({tmp_path / 'nul.txt'}) line 3: "
+                                  f"'a\\x00dog' holds a NUL character at character 1; remove it")
+    assert len(result.stderr.splitlines()) == 1
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_actions_the_pipeline_does_not_know_are_refused_before_it_loads(tmp_path, monkeypatch):
+    def must_not_load(*args):
+        raise AssertionError("the pipeline was loaded before its actions were checked")
+
+    monkeypatch.setattr("ardiff.pipelines.bouncing.pipeline.BouncingWorld.load", must_not_load)
+    (tmp_path / "actions.yaml").write_text("- left\n- jump\n")
+
+    result = ardiff(tmp_path, "rollout", "--actions", "actions.yaml", "--frames", 8,
+                    "--json", "stats.json", "-o", "out.npy")
+
+    assert result.exit_code == 2, result.output
+    assert_one_error_line(result, f"rollout.actions ({tmp_path / 'actions.yaml'})[1]: 'jump' is "
+                                  f"not an action of this pipeline; use one of none, left, "
+                                  f"right, up, down")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["actions.yaml"]  # no stats, no video
+
+
+def test_a_prompt_longer_than_the_text_length_is_a_warning_naming_both(tmp_path):
+    config = write_support_pipeline(tmp_path, "ShortTextPipeline",
+                                    prompt="a cat walks on grass")
+
+    result = ardiff(tmp_path, "rollout", config, "--frames", 2, "--json", "stats.json")
+
+    assert result.exit_code == 0, result.stderr
+    warning = ("rollout.prompt: 'a cat walks on grass' is 5 tokens, longer than the pipeline's "
+               "text length of 3 tokens; the model sees only the first 3")
+    assert f"warning: {warning}" in result.stderr.splitlines()
+    assert load_stats(tmp_path / "stats.json")["warnings"] == [warning]
 
 
 # -- the CI script ---------------------------------------------------------------------------

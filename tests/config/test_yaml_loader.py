@@ -117,6 +117,26 @@ def test_a_control_character_is_a_syntax_error_at_its_place(write_config):
         load_config(path)
 
 
+
+# ---- #25: what PyYAML reads differently from JSON, and sets ------------------------------------
+
+def test_an_escaped_surrogate_pair_is_the_character_it_encodes():
+    """JSON writes U+1F600 as the pair \\ud83d\\ude00 (so do the command-line flags); PyYAML
+    read each half as a lone surrogate, which no text may hold."""
+    assert load('a: "\\ud83d\\ude00 ok"\n"k\\ud83d\\ude00": 1\n') == {"a": "\U0001F600 ok",
+                                                                   "k\U0001F600": 1}
+    assert load('a: "\\udcff"\n') == {"a": "\udcff"}  # a lone one stays: the config refuses it
+    assert load('a: "\\ude00\\ud83d"\n') == {"a": "\ude00\ud83d"}  # halves out of order
+
+
+@pytest.mark.parametrize("text, line", [("prompts: !!set {b, a}\n", 1),
+                                        ("x:\n  y: !!set\n    ? a\n", 2)])
+def test_a_set_is_refused_it_has_no_order(text, line):
+    with raises(f"run.yaml: the set (!!set) at line {line} has no order; write a list such as "
+                f"[a, b] instead"):
+        load(text)
+
+
 # ---- the other readers use it ----------------------------------------------------------------
 
 def test_set_values_are_read_with_the_same_limits():

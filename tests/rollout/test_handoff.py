@@ -125,3 +125,23 @@ def test_cpu_frames_are_handed_on_at_once_and_cuda_one_block_late():
     event = SimpleNamespace(frames=torch.zeros(2, 4, 4, 3, dtype=torch.uint8))
     staged = handoff.stage_frames(event)
     assert staged.event is event and staged.done is None  # CPU frames: no copy, no wait
+
+
+def test_a_takeover_gets_the_blocks_already_on_the_host_and_never_waits():
+    class Copy:  # a copy's CUDA event that is done, or not yet (a stuck device)
+        def __init__(self, done: bool) -> None:
+            self.done = done
+
+        def query(self) -> bool:
+            return self.done
+
+        def synchronize(self) -> None:
+            raise AssertionError("finished() must not wait for the device")
+
+    copies = iter([Copy(True), Copy(False), Copy(True)])
+    queue = handoff.FrameHandoff(1, fail=None, stage=lambda event: handoff.Staged(
+        event, next(copies)))
+    for block in range(3):
+        queue.push(SimpleNamespace(block_index=block))
+
+    assert [event.block_index for event in queue.finished()] == [0]  # not past block 1's copy

@@ -10,14 +10,17 @@ messages of these refusals through the CLI are also rows of the bad-input catalo
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
+import stat
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from fifos import late_reader, read_fifo
 from typer.testing import CliRunner
 
 from ardiff.config.run import build_config
@@ -26,6 +29,7 @@ from ardiff.path_text import check_path_text
 from ardiff.rollout.inputs import output_path_for, read_actions, read_prompts
 from ardiff.rollout.job import run_rollout
 from ardiff.rollout.paths import check_rollout_paths, check_run_paths, is_same_file
+from ardiff.video import disk
 from ardiff_cli.main import app
 
 SUPPORT = Path(__file__).parents[1] / "support"
@@ -247,3 +251,211 @@ def test_a_json_symlink_into_a_missing_folder_is_refused_before_compute(tmp_path
     assert result.stderr.startswith("error: --json: 'stats.json' is in a folder that does not "
                                     f"exist ({str(tmp_path / 'gone')!r})")
     assert not (tmp_path / "out.npy").exists()
+
+
+# -- #25: every path a command writes, against every path it reads and each other ------------
+READS_PIPELINE = '''
+from rollout_pipelines import RecordingPipeline
+
+
+class Reads(RecordingPipeline):
+    """Declares the files it reads, as a pipeline with weights would."""
+
+    def __init__(self, weights="w.pt", model="model", **args):
+        super().__init__(**args)
+        self.weights, self.model = weights, model
+
+    def ar_diffusion_input_paths(self):
+        return {"pipeline.args.weights": self.weights, "pipeline.args.model": self.model,
+                "pipeline.args.lora": None}
+'''
+
+
+def plugin_folder(folder: Path, **args) -> Path:
+    """A config whose pipeline is a file beside it (reads.py: it declares what it reads)."""
+    (folder / "reads.py").write_text(READS_PIPELINE)
+    (folder / "model").mkdir()
+    (folder / "model" / "config.json").write_text("{}")
+    data = {"pipeline": {"entry": "reads.py:Reads", "args": args},
+            "runtime": {"device": "cpu", "memory_budget": "16MiB"},
+            "rollout": {"frames": 4, "prompt": "p"}, "output": {"path": "out.npy", "fps": 8}}
+    (folder / "run.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return folder / "run.yaml"
+
+
+def tree(folder: Path) -> dict[str, str]:
+    """Every path under `folder` (links as links) with what it holds: nothing may change."""
+    out = {}
+    for path in sorted(folder.rglob("*")):
+        if "__pycache__" in path.parts:
+            continue
+        name = str(path.relative_to(folder))
+        out[name] = (f"-> {os.readlink(path)}" if path.is_symlink() else "dir" if path.is_dir()
+                     else path.read_bytes().hex() if path.is_file() else "other")
+    return out
+
+
+@pytest.mark.parametrize("args, links, message", [
+    (("--json", "reads.py"), (), r"--json: 'reads\.py' is the same file as pipeline\.entry "
+                                 r"'.*reads\.py' \(both are .*\); the run would overwrite its "
+                                 r"input; pick another name, like 'stats\.json'"),
+    (("-o", "w.npy", "--set", "pipeline.args.weights=w.npy"), (),
+     r"output\.path: 'w\.npy' is the same file as pipeline\.args\.weights 'w\.npy'; the run "
+     r"would overwrite its input; pick another name, like 'out\.mp4'"),
+    (("--json", "model/config.json"), (), r"--json: 'model/config\.json' is inside "
+                                          r"pipeline\.args\.model 'model', a folder the run "
+                                          r"reads; the run would overwrite its input"),
+    (("-o", "model"), (), r"output\.path: 'model' is the same file as pipeline\.args\.model"),
+    (("--report", "r.svg", "--json", "r.svg"), (),
+     r"--report: 'r\.svg' is the same file as --json 'r\.svg'; the run would write it twice, "
+     r"and one would be lost; pick another name, like 'run\.png'"),
+    (("--report", "link.png"), (("link.png", "run.yaml"),),
+     r"--report: 'link\.png' is the same file as config 'run\.yaml' \(both are .*\); the run "
+     r"would overwrite its input; pick another name, like 'run\.png'"),
+    (("--report", "link.svg"), (("link.svg", "reads.py"),),
+     r"--report: 'link\.svg' is the same file as pipeline\.entry"),
+    (("--report", "link.html"), (("link.html", "gone/r.html"),),
+     r"--report: 'link\.html' is in a folder that does not exist \('.*gone'\); create it first"),
+    (("-o", "link.npy"), (("link.npy", "gone/v.npy"),),
+     r"output\.path: 'link\.npy' is in a folder that does not exist \('.*gone'\)"),
+    (("-o", "-"), (), r"output\.path: '-' is not stdout here \(only --json - is\): it would "
+                      r"name a folder of PNG frames called '-'; give a file name like "
+                      r"'out\.mp4', or '\./-' to mean that folder"),
+])
+def test_a_written_path_that_is_read_or_written_twice_is_refused_before_any_work(
+        tmp_path, args, links, message):
+    plugin_folder(tmp_path)
+    for name, target in links:
+        (tmp_path / name).symlink_to(tmp_path / target)
+    before = tree(tmp_path)
+
+    result = ardiff(tmp_path, "rollout", "run.yaml", "--quiet", *args)
+
+    assert result.exit_code == 2, result.output
+    assert re.fullmatch(f"error: {message}.*\n", result.stderr), result.stderr
+    assert tree(tmp_path) == before  # no video, no stats, no picture, no folder '-'
+
+
+def test_run_rollout_refuses_an_output_that_is_a_file_the_pipeline_reads(tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plugin_folder(tmp_path)
+    (tmp_path / "weights.npy").write_bytes(b"weights")
+    config = build_config({"pipeline": {"entry": "reads.py:Reads",
+                                        "args": {"weights": "weights.npy", "log": "log.jsonl"}},
+                           "runtime": {"device": "cpu", "memory_budget": "16MiB"},
+                           "rollout": {"frames": 4, "prompt": "p"},
+                           "output": {"path": str(tmp_path / "weights.npy"), "fps": 8}},
+                          base_dir=tmp_path)
+    with pytest.raises(OutputPathError, match=r"^output\.path: '/.*/weights\.npy' is the same "
+                                              r"file as pipeline\.args\.weights 'weights\.npy' "
+                                              r"\(both are"):
+        run_rollout(config)
+    assert (tmp_path / "weights.npy").read_bytes() == b"weights"
+    assert not (tmp_path / "log.jsonl").exists()
+
+
+def test_a_new_file_in_a_folder_the_pipeline_reads_may_be_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plugin_folder(tmp_path)
+    config = build_config({"pipeline": {"entry": "reads.py:Reads", "args": {}},
+                           "rollout": {"frames": 4, "prompt": "p"},
+                           "output": {"path": "model/new.npy"}}, base_dir=tmp_path)
+    from ardiff.engine.loader import build_pipeline
+
+    check_rollout_paths(config, pipeline=build_pipeline(config.pipeline, tmp_path))
+
+
+# -- an output that is a symlink, a FIFO or a device: written through, never replaced ---------
+def test_a_video_through_a_symlink_replaces_the_target_and_the_link_stays(tmp_path):
+    write_config(tmp_path)
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "v.npy").write_text("old")
+    (tmp_path / "v.npy").symlink_to(tmp_path / "real" / "v.npy")
+
+    result = ardiff(tmp_path, "rollout", "run.yaml", "-o", "v.npy", "--quiet")
+
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "v.npy").is_symlink()
+    assert np.load(tmp_path / "real" / "v.npy").shape[0] == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["real", "run.yaml", "v.npy"]
+    assert os.listdir(tmp_path / "real") == ["v.npy"]  # no work file left beside it
+
+
+def test_a_video_into_a_fifo_is_written_through_and_the_fifo_stays(tmp_path):
+    write_config(tmp_path)
+    os.mkfifo(tmp_path / "v.npy")
+    got: list[bytes] = []
+    reader = read_fifo(tmp_path / "v.npy", got)
+
+    result = ardiff(tmp_path, "rollout", "run.yaml", "-o", "v.npy", "--json", "s.json",
+                    "--quiet")
+
+    reader.join(timeout=10)
+    assert result.exit_code == 0, result.output
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "v.npy").st_mode)
+    assert np.load(io.BytesIO(got[0])).shape[0] == 4
+    outputs = json.loads((tmp_path / "s.json").read_text())["outputs"]
+    assert outputs[0]["frames"] == 4 and outputs[0]["bytes"] == len(got[0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml", "s.json", "v.npy"]
+
+
+def test_a_video_into_a_fifo_nobody_reads_fails_soon_and_says_why(tmp_path, monkeypatch):
+    monkeypatch.setattr(disk, "STREAM_WAIT_S", 0.2)
+    write_config(tmp_path)
+    os.mkfifo(tmp_path / "v.npy")
+
+    with late_reader(tmp_path / "v.npy"):
+        result = ardiff(tmp_path, "rollout", "run.yaml", "-o", "v.npy", "--quiet")
+
+    assert result.exit_code == 1
+    line, = result.stderr.splitlines()
+    assert line.startswith("error: output.path: writing 'v.npy' (npy) failed after 4 frames "
+                           "(TimeoutError: no reader opened it within 0.2 s); no frame could "
+                           "be kept and 'v.npy' was not changed"), line
+    assert line.endswith("; 'v.npy' is a FIFO that no process reads: start its reader first")
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "v.npy").st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml", "v.npy"]
+
+
+def test_a_picture_into_a_fifo_reaches_its_reader_whole(tmp_path):
+    write_config(tmp_path)
+    os.mkfifo(tmp_path / "r.png")
+    got: list[bytes] = []
+    reader = read_fifo(tmp_path / "r.png", got)
+
+    result = ardiff(tmp_path, "rollout", "run.yaml", "--report", "r.png", "--quiet")
+
+    reader.join(timeout=10)
+    assert result.exit_code == 0, result.output
+    assert got[0].startswith(b"\x89PNG\r\n\x1a\n") and got[0].endswith(b"IEND\xaeB`\x82")
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "r.png").st_mode)
+
+
+@pytest.mark.parametrize("field, text, message", [
+    ("output.path", "-", "output.path: '-' is not stdout here (only --json - is): it would name "
+                         "a folder of PNG frames called '-'; give a file name like 'out.mp4', "
+                         "or './-' to mean that folder"),
+    ("--actions-out", "-", "--actions-out: '-' is not stdout here (only --json - is): it would "
+                           "name a file called '-'; give a file name like 'play.actions.yaml'"),
+])
+def test_an_output_typed_as_a_dash_is_not_stdout(field, text, message):
+    with pytest.raises(OutputPathError) as caught:
+        check_path_text(field, text, file_needed=False)
+    assert str(caught.value) == message
+    check_path_text(field, Path("./-"), file_needed=False)  # planned: a file or folder '-'
+
+
+def test_a_png_folder_named_dash_is_spelled_dot_slash_dash(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = make_config(tmp_path, output="./-")
+    check_rollout_paths(config)
+    assert output_path_for("./-", 0, 1) == Path("-")
+
+
+def test_a_json_path_too_long_for_any_file_system_is_one_line(tmp_path):
+    write_config(tmp_path)
+    result = ardiff(tmp_path, "rollout", "run.yaml", "--json", "/".join(["d" * 200] * 25))
+    assert result.exit_code == 2
+    assert re.fullmatch(r"error: --json: 'd+\.\.\.d+' is 5024 bytes long; file systems allow "
+                        r"4095, so pick a shorter path\n", result.stderr), result.stderr

@@ -75,16 +75,16 @@ def test_the_pipelines_frame_attributes_are_checked():
     from types import SimpleNamespace
 
     from ardiff.errors import PipelineLoadError
-    from ardiff.rollout.job import _video_frames_per_block
+    from ardiff.rollout.streams import video_frames_per_block
 
-    assert _video_frames_per_block(SimpleNamespace(), 3) == (3, 3)
+    assert video_frames_per_block(SimpleNamespace(), 3) == (3, 3)
     wan_vae = SimpleNamespace(video_frames_per_latent_frame=4, video_frames_first_latent_frame=1)
-    assert _video_frames_per_block(wan_vae, 3) == (12, 9)
+    assert video_frames_per_block(wan_vae, 3) == (12, 9)
     with pytest.raises(PipelineLoadError, match=r"^pipeline: video_frames_first_latent_frame is "
                                                 r"0; it must be an integer >= 1 \(video frames "
                                                 r"the decoder makes for a session's first latent "
                                                 r"frame\), or leave it undefined for 4$"):
-        _video_frames_per_block(SimpleNamespace(video_frames_per_latent_frame=4,
+        video_frames_per_block(SimpleNamespace(video_frames_per_latent_frame=4,
                                                 video_frames_first_latent_frame=0), 3)
 
 

@@ -4,8 +4,11 @@ the "Bad input" table of docs/errors.md against it."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+
+from ardiff.pipelines.causal_wan.make_tiny import TINY_TRANSFORMER, TINY_VAE
 
 BASE = {"pipeline": {"entry": "fault_pipelines.py:FaultPipeline", "args": {}},
         "runtime": {"device": "cpu", "memory_budget": "16MiB"},
@@ -13,6 +16,24 @@ BASE = {"pipeline": {"entry": "fault_pipelines.py:FaultPipeline", "args": {}},
         "output": {"path": "out.mp4", "fps": 8}}
 READ_ONLY = "ro"          # the folder of the "not writable" case
 NO_CUDA = "no-cuda"       # a case that needs a machine without CUDA
+# causal-Wan on a folder holding only its two config.json files: it constructs (no weights)
+CAUSAL_WAN = "ardiff.pipelines.causal_wan:CausalWan"
+TINY_WAN = {"model_dir": "wan", "height": 48, "width": 64}
+WAN_CONFIGS = (("wan/transformer/config.json", json.dumps(TINY_TRANSFORMER)),
+               ("wan/vae/config.json", json.dumps(TINY_VAE)))
+LISTS_INPUTS = """import ardiff
+
+
+class ListsInputs(ardiff.ARDiffusionPipelineBase):
+    def ar_diffusion_kv_cache_spec(self):
+        raise NotImplementedError
+
+    def generate_block(self, request, state):
+        raise NotImplementedError
+
+    def ar_diffusion_input_paths(self):
+        return ["weights.pt"]
+"""
 
 
 @dataclass(frozen=True)
@@ -334,4 +355,106 @@ CASES = [
          r"and a file is needed here", config=rollout(prompts="lists/..")),
     Case("actions path blank", 2, r"^rollout\.actions: ' ' is blank; give a file name like "
          r"'actions\.yaml'", config=rollout(actions=" ")),
+    # -- #25: every path a command writes, against what it reads and each other ------------
+    Case("`--json` is the pipeline's entry file", 2, r"^--json: 'fault_pipelines\.py' is the "
+         r"same file as pipeline\.entry '.*fault_pipelines\.py' \(both are .*\); the run "
+         r"would overwrite its input; pick another name, like 'stats\.json'$",
+         args=("--json", "fault_pipelines.py")),
+    Case("`--report` is the `--json` file", 2, r"^--report: 'run\.svg' is the same file as "
+         r"--json 'run\.svg'; the run would write it twice, and one would be lost; pick another "
+         r"name, like 'run\.png'$", args=("--json", "run.svg", "--report", "run.svg")),
+    Case("`bench --plot` is the `--json` file", 2, r"^--plot: 'b\.svg' is the same file as "
+         r"--json 'b\.svg'; the run would write it twice", command="bench",
+         args=("--json", "b.svg", "--plot", "b.svg")),
+    Case("`play --actions-out` is the config file", 2, r"^--actions-out: 'run\.yaml' is the "
+         r"same file as config 'run\.yaml'; the run would overwrite its input; pick another "
+         r"name, like 'play\.actions\.yaml'$", config=entry("bouncing"), command="play",
+         args=("--actions-out", "run.yaml")),
+    Case("`--json` is a file the pipeline loads (a LoRA)", 2, r"^--json: 'lora\.pt' is the "
+         r"same file as pipeline\.args\.lora_ckpt '.*lora\.pt'( \(both are .*\))?; the run "
+         r"would overwrite its input; pick another name, like 'stats\.json'$",
+         config=entry(CAUSAL_WAN, **TINY_WAN, lora_ckpt="lora.pt"), files=WAN_CONFIGS,
+         args=("--json", "lora.pt")),
+    Case("an output inside the pipeline's model folder", 2, r"^--json: 'wan/vae/config\.json' "
+         r"is inside pipeline\.args\.model_dir 'wan', a folder the run reads; the run would "
+         r"overwrite its input; pick another name, like 'stats\.json'$",
+         config=entry(CAUSAL_WAN, **TINY_WAN), files=WAN_CONFIGS,
+         args=("--json", "wan/vae/config.json")),
+    Case("`-o -`", 2, r"^output\.path: '-' is not stdout here \(only --json - is\): it would "
+         r"name a folder of PNG frames called '-'; give a file name like 'out\.mp4', or '\./-' "
+         r"to mean that folder$", args=("-o", "-")),
+    Case("`ar_diffusion_input_paths` not a mapping", 2, r"^pipeline: ar_diffusion_input_paths"
+         r"\(\) returned a list; it must return a mapping of names to paths, like "
+         r"\{'pipeline\.args\.model_dir': 'models/wan'\}$",
+         config=entry("lists_inputs.py:ListsInputs"), files=(("lists_inputs.py", LISTS_INPUTS),),
+         args=("--json", "stats.json")),
+    # -- #25: inputs checked where they enter; bench's lengths checked like rollout's ------------
+    Case("prompts file with a NUL character", 2, r"^rollout\.prompts \(prompts\.txt\) line 2: "
+         r"'a red\\x00ball' holds a NUL character at character 5; remove it$",
+         args=("--prompts", "prompts.txt"), files=(("prompts.txt", "a cat\na red\0ball\n"),)),
+    Case("actions file with a NUL character", 2, r"^rollout\.actions \(actions\.yaml\)\[0\]: "
+         r"'le\\x00ft' holds a NUL character at character 2; remove it$",
+         args=("--actions", "actions.yaml"), files=(("actions.yaml", '- "le\\0ft"\n'),)),
+    Case("actions file with a lone surrogate", 2, r"^rollout\.actions \(actions\.yaml\)\[0\]: "
+         r"'le\\udcffft' is not valid Unicode \(a lone surrogate '\\udcff' at character 2: "
+         r"bytes that are not UTF-8\?\); write it in UTF-8$",
+         args=("--actions", "actions.yaml"), files=(("actions.yaml", '- "le\\udcffft"\n'),)),
+    Case("an action the pipeline does not declare", 2, r"^rollout\.actions \(actions\.yaml\)"
+         r"\[1\]: 'jump' is not an action of this pipeline; use one of none, left, right, up, "
+         r"down$", config=entry("bouncing"), args=("--actions", "actions.yaml"),
+         files=(("actions.yaml", "- left\n- jump\n"),)),
+    Case("more actions than the block has frames", 2, r"^rollout\.actions\[0\]: \['left', "
+         r"'up'\] is 2 actions for a block of 1 frame\(s\); give one action for the whole block "
+         r"or one per frame$", config=entry("bouncing"),
+         args=("--set", "rollout.actions=[[left, up]]")),
+    Case("a set (`!!set`) in the config", 2, r"^run\.yaml: the set \(!!set\) at line 4 has no "
+         r"order; write a list such as \[a, b\] instead$", config="pipeline:\n  entry: "
+         "fault_pipelines.py:FaultPipeline\nrollout:\n  prompts: !!set {a red ball, a cat}\n"),
+    Case("a relative path in `pipeline.args` not found", 2, r"^pipeline: constructing "
+         r"'reads\.py:Reads' with args \{'ckpt': 'weights/model\.pt'\} raised "
+         r"FileNotFoundError: \[Errno 2\] No such file or directory: 'weights/model\.pt' "
+         r"\(relative paths in pipeline\.args are relative to the working directory '.*'\)$",
+         config=entry("reads.py:Reads", ckpt="weights/model.pt"),
+         files=(("reads.py", "class Reads:\n    def __init__(self, ckpt):\n"
+                             "        open(ckpt, 'rb')\n"),)),
+    Case("a relative path the pipeline's `load` cannot open", 1, r"^pipeline: load\('cpu', "
+         r"float32\) raised FileNotFoundError: \[Errno 2\] No such file or directory: "
+         r"'weights/model\.pt' \(relative paths in pipeline\.args are relative to the working "
+         r"directory '.*'\)$", config=entry("loads.py:Loads", ckpt="weights/model.pt"),
+         files=(("loads.py", "from fault_pipelines import FaultPipeline\n\n\n"
+                             "class Loads(FaultPipeline):\n"
+                             "    def __init__(self, ckpt):\n"
+                             "        super().__init__()\n"
+                             "        self.ckpt = ckpt\n\n"
+                             "    def load(self, device, dtype):\n"
+                             "        open(self.ckpt, 'rb')\n"),)),
+    Case("`bench --blocks 0`", 2, r"^--blocks: 0 is invalid; it must be > 0$", command="bench",
+         args=("--blocks", "0")),
+    Case("`bench --repeats` beyond the most", 2, r"^--repeats: 1001 is invalid; it must be <= "
+         r"1000$", command="bench", args=("--repeats", "1001")),
+    Case("`bench --sweep-frames` beyond the longest rollout", 2, r"^--sweep-frames: 1000001 is "
+         r"invalid; it must be <= 1000000$", command="bench",
+         args=("--sweep-frames", "100,1000001")),
+    Case("`bench --blocks` past the pipeline's max_model_len", 2, r"^--blocks: 17 timed blocks "
+         r"after the 4 that fill the window reach frame position 42, past the pipeline's "
+         r"max_model_len of 40; use --blocks 16 at most$", command="bench",
+         config=args_of(max_model_len=40), args=("--blocks", "17", "--no-encode")),
+    Case("`bench` encode runs past the pipeline's max_model_len", 2, r"^--blocks: the encode "
+         r"runs make 32 blocks after the 4 that fill the window, reaching frame position 72, "
+         r"past the pipeline's max_model_len of 40; add --no-encode$", command="bench",
+         config=args_of(max_model_len=40), args=("--blocks", "2")),
+    Case("`bench --sweep-frames` past the pipeline's max_model_len", 2, r"^--sweep-frames: 41 "
+         r"frames reach frame position 42, past the pipeline's max_model_len of 40; use at most "
+         r"40$", command="bench", config=args_of(max_model_len=40),
+         args=("--sweep-frames", "41", "--no-encode")),
+    Case("`bench --workers` beyond the most", 2, r"^runtime\.parallel\.workers: 2000 is "
+         r"invalid; it must be <= 1024$", command="bench", args=("--workers", "2000")),
+    Case("`bench --workers` more than prompts", 2, r"^runtime\.parallel\.workers: 2 replicas "
+         r"for 1 prompt\(s\) would leave 1 idle; use at most 1 \(or give more prompts\)$",
+         command="bench", args=("--workers", "2")),
+    Case("`bench --plot` of a rollout past the pipeline's max_model_len", 2, r"^rollout\.frames: "
+         r"60 frames need 30 blocks in a row, frame positions up to 60, but the pipeline's "
+         r"max_model_len is 40; lower rollout\.frames to 40", command="bench",
+         config={**args_of(max_model_len=40), **rollout(frames=60)},
+         args=("--no-encode", "--plot", "run.png")),
 ]

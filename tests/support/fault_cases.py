@@ -13,7 +13,9 @@ from fault_pipelines import FRAMES_PER_BLOCK, STAGES
 FRAMES = 12                      # 6 blocks of 2
 BLOCKS = FRAMES // FRAMES_PER_BLOCK
 FULL_DISK_AFTER = 5              # frames the encoder writes before the disk is full
+NEARLY_FULL_KEPT = 3             # ... of which a fragmented mp4 has on disk (x264 holds one)
 LOSSY_TOLERANCE = 3              # H.264 keeps a flat grey frame within a few levels
+HANG_S = 30                      # a hang that nothing stops ends (and fails its test) after
 TABLE_HEADER = "| fault | exit | `status` in the stats | the file holds |"
 TABLE_RULE = "|---|---|---|---|"
 SWITCH = [{"frame": 0, "prompt": "a"},
@@ -38,6 +40,7 @@ class Fault:
     output: str = "out.mkv"
     json_path: str = "stats.json"
     disk_full_after: int | None = None
+    no_reserve: bool = False       # the disk cannot spare the writer's space reserve either
     signal_while_finalising: str | None = None  # sent as the encoder finishes the file
     notice: str | None = None      # regex one stderr line must match (what the user is told)
 
@@ -109,6 +112,15 @@ FAULTS = [
           "every frame of blocks 0..k-1", 3 * FRAMES_PER_BLOCK, r"^interrupted$",
           {"fault": "interrupt", "at_block": 3}),
     *(disk_full_fault(output, codec) for output, codec in DISK_FULL_FORMATS),
+    # -- #25: a nearly full disk (no room for the space reserve); frames.written is the files'
+    Fault("disk-nearly-full-mp4", "the disk is nearly full when an `.mp4` opens (no room for "
+          "the 16 MiB reserve), then fills up after n frames", 1, "failed",
+          "the frames that reached the disk, in a fragmented mp4", NEARLY_FULL_KEPT,
+          rf"^output\.path: writing 'out\.mp4' \(libx264\) failed after {FULL_DISK_AFTER} "
+          rf"frames \(OSError: \[Errno 28\] No space left on device\); only the first "
+          rf"{NEARLY_FULL_KEPT} of them could be kept in 'out\.mp4' \(the file could not be "
+          rf"finished\); the disk holding '[^']+' is full: free some space, then rerun$",
+          output="out.mp4", disk_full_after=FULL_DISK_AFTER, no_reserve=True),
 ]
 
 
@@ -140,5 +152,81 @@ SIGNAL_FAULTS = [
           r"^session 'stream-0' block 2: generate_block called exit\(5\); a pipeline must "
           r"raise an exception, not exit the process$",
           {"fault": "exit", "at_block": 2, "exit_code": 5}),
+    # -- #25: stuck pipelines (a second signal abandons the block) and KV blocks never exited.
+    # HANG_S bounds each hang: if nothing stops it, the run fails instead of hanging the suite.
+    *(Fault(f"hang-{how}", "a second signal while `generate_block` hangs at block k (a sleep, "
+            "a Python loop)", 130, "interrupted", "every frame of blocks 0..k-1",
+            3 * FRAMES_PER_BLOCK, r"^interrupted by SIGTERM$",
+            {"fault": "hang", "hang": how, "at_block": 3, "hang_s": HANG_S,
+             "send_signals": ["SIGTERM", "SIGINT"]},
+            notice=r"^stopping now \(SIGINT\): the block in flight is abandoned; "
+                   r"finalising\.\.\.$")
+      for how in ("sleep", "busy")),
+    Fault("close-hang", "a signal while the close hook hangs (every frame written)", 0,
+          "ok", "every frame", FRAMES, None,
+          {"fault": "close_hang", "hang_s": HANG_S, "send_signals": ["SIGTERM"]},
+          warning=r"^interrupted by SIGTERM after every frame was written: the pipeline's "
+                  r"session cleanup was cut short$",
+          notice=r"^stopping now \(SIGTERM\): the pipeline's session cleanup is abandoned; "
+                 r"every file is written$"),
+    Fault("open-block", "a KV block `generate_block` enters and never exits, at block k", 1,
+          "failed", "every frame of blocks 0..k-1", 2 * FRAMES_PER_BLOCK,
+          r"^session 'stream-0' block 2: generate_block returned with a commit block of branch "
+          r"'main' still open \(entered, never exited\); nothing of it was committed and its KV "
+          r"pages are back in the pool; enter KV blocks with `with state.block\(\.\.\.\)`$",
+          {"fault": "open_block", "at_block": 2}),
 ]
 FAULTS += SIGNAL_FAULTS
+
+
+# -- #25: one rank of a parallel job breaks (tests/launch/test_rank_faults.py runs these through
+# the installed command; the table under "Parallel jobs" in docs/errors.md is this list).
+RANK_TABLE_HEADER = ("| fault of one rank, or of the parent | exit | `status` in the stats "
+                     "| the files hold |")
+
+
+@dataclass(frozen=True)
+class RankFault:
+    """One way a parallel job (`--workers 2`, `--cfg-parallel 2`) breaks, and what must come of
+    it: `exit_code` None and `status` None for a parent that is killed (no exit of its own, no
+    stats); `error` is a regex on the stats' error and the one `error:` line."""
+
+    name: str
+    row: str
+    exit_code: int | None
+    status: str | None
+    holds: str
+    error: str | None
+
+
+RANK_FAULTS = [
+    RankFault("dp-sigterm", "SIGTERM to one data-parallel rank during its rollout", 130,
+              "interrupted", "every frame of the blocks each rank finished",
+              r"^rank 1: interrupted by SIGTERM \(stopped too: rank 0\)$"),
+    RankFault("cfg-sigterm", "SIGTERM to one rank of a CFG group during its rollout", 130,
+              "interrupted", "every frame of the blocks each rank finished",
+              r"^rank 1: interrupted by SIGTERM \(stopped too: rank 0\)$"),
+    RankFault("dp-sigkill", "SIGKILL to one rank (the OOM killer) during its rollout", 1,
+              "failed", "every frame the other ranks finished (the killed rank's file in "
+              "progress is lost)",
+              r"^rank 1: its process was killed by SIGKILL before it reported \(stopped too: "
+              r"rank 0\)$"),
+    RankFault("missing-weights", "every rank fails to load its weights", 2, "failed",
+              "(no video)", r"^(ranks 0, 1|rank [01]): pipeline\.args\.weights: cannot read "
+                            r"'[^']*missing\.safetensors' "),  # both, or one and the stop
+    RankFault("env-peer-missing", "a torchrun peer never arrives (`launcher: env`)", 1,
+              "failed", "(no video)",
+              r"^rank 0: could not meet the other ranks at env:// within "
+              r"runtime\.parallel\.timeout_s \(3 s\): "),
+    RankFault("env-port-in-use", "the rendezvous port is in use (`launcher: env`: "
+              "MASTER_PORT)", 1, "failed", "(no video)",
+              r"^rank 0: could not meet the other ranks at env://: the port is in use "),
+    RankFault("spawn-port-in-use", "the rendezvous port is taken before rank 0 binds it "
+              "(`launcher: spawn`)", 1, "failed", "(no video)",
+              r"^rank 0: could not meet the other ranks at tcp://127\.0\.0\.1:\d+: the port is "
+              r"in use .*\(stopped too: rank 1\)$"),
+    RankFault("parent-killed-loading", "SIGKILL to `ardiff rollout` while a rank loads", None,
+              None, "(no video)", None),
+    RankFault("parent-killed", "SIGKILL to `ardiff rollout` during the rollout", None, None,
+              "every frame of the blocks each rank finished", None),
+]

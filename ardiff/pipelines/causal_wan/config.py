@@ -190,7 +190,7 @@ def build_config(model_dir: str, generator_ckpt: str | None = None, use_ema: boo
         session_capacity  the spec's upper bound on resident sessions
     """
     recipe = get_preset(preset)
-    root = Path(model_dir).expanduser()
+    root = _arg_path(model_dir)
     transformer, vae = TransformerShape.read(root), VaeShape.read(root)
     config = CausalWanConfig(
         model_dir=root, preset=recipe, transformer=transformer, vae=vae, height=height,
@@ -206,7 +206,13 @@ def build_config(model_dir: str, generator_ckpt: str | None = None, use_ema: boo
 
 
 def _optional_path(value: str | None) -> Path | None:
-    return None if value is None else Path(value).expanduser()
+    return None if value is None else _arg_path(value)
+
+
+def _arg_path(value: str) -> Path:
+    """A path of pipeline.args, `~` expanded and made absolute against the working directory
+    (docs/configs.md#paths-in-a-config), so every message names the folder it looked in."""
+    return Path.cwd() / Path(value).expanduser()
 
 
 def _check(c: CausalWanConfig) -> None:

@@ -18,6 +18,7 @@ prompt's K/V are the session's "text" cache. `noise` is a public hook a subclass
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -61,6 +62,17 @@ class CausalWan(ardiff.ARDiffusionPipelineBase):
     def ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
         return build_spec(self.config)
 
+    @property
+    def max_prompt_tokens(self) -> int:
+        """The text length (`text_len`): UMT5 tokens past it are cut (`text.PromptEncoder`)."""
+        return self.config.text_len
+
+    def count_prompt_tokens(self, prompt: str) -> int | None:
+        """UMT5 tokens of `prompt` before the cut, its end token included; None before `load`."""
+        if self.prompt_encoder is None:
+            return None
+        return len(self.prompt_encoder.tokenizer(prompt, add_special_tokens=True).input_ids)
+
     def load(self, device: str | torch.device, dtype: torch.dtype) -> None:
         """Read every model from `model_dir` (local files only) onto `device`."""
         quiet_libraries()
@@ -86,6 +98,14 @@ class CausalWan(ardiff.ARDiffusionPipelineBase):
 
     def close_ar_diffusion_session(self, session_id: str) -> None:
         self._forget(session_id)
+
+    def ar_diffusion_input_paths(self) -> dict[str, Path | None]:
+        """What `load` reads: the model folder, the checkpoint and the LoRA (no output may be
+        one of them, nor a file inside the folder)."""
+        c = self.config
+        return {"pipeline.args.model_dir": c.model_dir,
+                "pipeline.args.generator_ckpt": c.generator_ckpt,
+                "pipeline.args.lora_ckpt": c.lora_ckpt}
 
     def ar_diffusion_warmup_requests(self, session_id: str) -> list[ardiff.RolloutRequest]:
         """Enough blocks to fill the window and evict once, with guidance when CFG is on."""

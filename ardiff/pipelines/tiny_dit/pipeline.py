@@ -7,7 +7,8 @@
               (`runtime.parallel.cfg: 2`) each rank runs one branch and all-gathers the
               other's prediction every step (ardiff.distributed.context)
     video:    `LatentDecoder`, with the previous latent frame as per-session state
-    prompt:   its K/V are the session's "text" cross-attention cache, set on a new prompt
+    prompt:   its K/V are the session's "text" cross-attention cache, set on a new prompt;
+              one token per UTF-8 byte, `text_tokens` of them (`max_prompt_tokens`)
 """
 
 from __future__ import annotations
@@ -53,6 +54,15 @@ class TinyCausalDiT(ardiff.ARDiffusionPipelineBase):
             model_owned_state_bytes_per_session=LatentDecoder.state_bytes(c.latent_channels,
                                                                           c.latent_size),
         )
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """The text length: a prompt's UTF-8 bytes past it are cut (`text.tokenize`)."""
+        return self.config.text_tokens
+
+    def count_prompt_tokens(self, prompt: str) -> int:
+        """Tokens of `prompt` before the cut: one per UTF-8 byte."""
+        return len(prompt.encode("utf-8"))
 
     def load(self, device: str | torch.device, dtype: torch.dtype) -> None:
         """Build the weights from `weights_seed` (no download) and move them to the device."""
