@@ -71,6 +71,15 @@ def check_path_text(field: str, text: str | os.PathLike, *, file_needed: bool = 
         raise error(f"{field}: {short_repr(raw)} {problem}")
 
 
+def check_not_a_loop(field: str, text: str | os.PathLike) -> None:
+    """Refuse an output that is a loop of symlinks: it leads to no file, and writing "where
+    it leads" would silently replace a link. Raises OutputPathError naming `field`."""
+    raw = os.fspath(text)
+    if os.path.islink(os.path.realpath(Path(raw).expanduser())):  # realpath stops in a loop
+        raise OutputPathError(f"{field}: {short_repr(raw)} is a loop of symlinks (it leads to "
+                              f"no file); remove the link or pick another path")
+
+
 def landing(path: str | os.PathLike) -> tuple[Path, bool]:
     """Where bytes written to `path` land: the file it names with `~` expanded and every
     symlink followed, and whether that is a stream (an existing FIFO or device node), which

@@ -46,8 +46,9 @@ class RunPicture:
         from ardiff.video.disk import written_through
 
         data = report.to_dict()
+        path: Optional[Path] = None
         try:
-            with written_through(self.path) as path:  # a FIFO or device gets it whole
+            with written_through(self.path) as path:  # a work file, moved or copied when whole
                 write_figure(self.timeline, path, title(data), summary(data))
         except TimeoutError as exc:
             return (f"{self.flag}: {str(self.path)!r} is a FIFO and {exc}; the picture was not "
@@ -55,8 +56,8 @@ class RunPicture:
         except OSError as exc:  # writing into a FIFO or device
             return (f"{self.flag}: cannot write {str(self.path)!r} ({type(exc).__name__}: "
                     f"{exc.strerror or exc}); choose a writable path")
-        except ArdiffError as exc:
-            return str(exc)
+        except ArdiffError as exc:  # it names the file written: the work file, not the user's
+            return str(exc) if path is None else str(exc).replace(str(path), str(self.path))
         return None
 
 

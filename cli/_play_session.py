@@ -104,8 +104,9 @@ def _write_log(session: PlaySession, report: Any, replay_args: list[str]) -> Opt
                          "-o", "replay.npy"])
     comment = ["ardiff play: the action of each AR block, in order. Replay it frame for frame:",
                f"  {replay}"]
+    path: Optional[Path] = None
     try:
-        with written_through(session.log_path) as path:  # a FIFO or device gets it whole
+        with written_through(session.log_path) as path:  # a work file, moved when whole
             write_action_log(path, session.blocks.log, comment)
     except TimeoutError as exc:
         return (f"--actions-out: {str(session.log_path)!r} is a FIFO and {exc}; the action log "
@@ -113,8 +114,8 @@ def _write_log(session: PlaySession, report: Any, replay_args: list[str]) -> Opt
     except OSError as exc:  # writing into a FIFO or device
         return (f"--actions-out: cannot write {str(session.log_path)!r} ({type(exc).__name__}: "
                 f"{exc.strerror or exc}); choose a writable path")
-    except ArdiffError as exc:
-        return str(exc)
+    except ArdiffError as exc:  # it names the file written: the work file, not the user's
+        return str(exc) if path is None else str(exc).replace(str(path), str(session.log_path))
     print(f"actions: {session.log_path} ({len(session.blocks.log)} blocks); replay: {replay}",
           file=sys.stderr)
     return None

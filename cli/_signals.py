@@ -172,6 +172,8 @@ class StopSignals:
         if first and phase == "rollout":
             then = ", then finalising..." if files_open else "..."
             return f"stopping ({name}): finishing the current block{then}"
+        if phase == "rollout" and getattr(self._stop, "ranks", 0):  # a parallel job's parent
+            return f"stopping now ({name}): every rank abandons its block in flight; finalising..."
         if self._held or phase in ("finalising", "done") or (phase == "rollout" and files_open):
             return f"finalising... ({name} waits until every file is written)"
         return f"stopping... ({name} waits for the cleanup the first signal started)"

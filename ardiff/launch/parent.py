@@ -50,6 +50,7 @@ def run_parallel_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], 
     jobs = [RankJob(config, rank, job.backend, rendezvous, job.threads,
                     config.runtime.parallel.timeout_s) for rank in job.ranks]
     stop.phase = "rollout"  # from here a signal is a request that every rank hears
+    stop.ranks = len(jobs)
     supervisor = Supervisor(jobs, on_event or (lambda event: None), stop,
                             job.report.frames_requested)
     outcome = supervisor.run()

@@ -7,7 +7,10 @@ TCP on this host. Every `POLL_S` the supervisor reads what each rank said (its p
 progress, its result) and sums their frames into `emit`. A failed or interrupted rank, or
 a stop request, makes it ask every other rank to stop after its block in flight (a CFG
 peer blocked on a lost rank raises at once); a rank still loading or warming up stops at
-once, and is killed if it has not `KILL_GRACE_S` later (it has nothing on disk). A rank
+once, and is killed if it has not `KILL_GRACE_S` later (it has nothing on disk). A second
+stop request (a second signal to the command) sends SIGTERM to every rank still running, which
+abandons the block it is stuck in and finalises its files; one still there `KILL_GRACE_S`
+later (stuck in native code) is killed. A rank
 silent for `timeout_s` (`START_S` while it loads) is failed and ended; a rank that ends
 without a result is recorded by what ended it (a stop signal: interrupted; another
 signal or an exit: failed). No rank outlives the job.
@@ -56,6 +59,7 @@ class Supervisor:
         self.stop_sent: str | None = None  # the reason every rank was asked to stop for
         self.stop_sent_at = 0.0
         self.killed: set[int] = set()  # ranks killed while they loaded (after a stop)
+        self.pressed_at: float | None = None  # when a second stop request ended the ranks
 
     def run(self) -> JobOutcome:
         try:
@@ -108,6 +112,7 @@ class Supervisor:
         self._check_silence()
         self._pass_on_stops()
         self._end_loading_ranks()
+        self._end_stuck_ranks()
 
     def _read(self, rank: int) -> None:
         conn = self.conns[rank]
@@ -153,8 +158,9 @@ class Supervisor:
         code = self.procs[rank].exitcode
         name = _signal_name(code)
         if rank in self.killed:
+            where = "loaded" if self.pressed_at is None else "ran a block"
             self._record(rank, "interrupted", f"interrupted by {self.stop_sent} while it "
-                         f"loaded (killed: it did not stop within {KILL_GRACE_S:g} s)")
+                         f"{where} (killed: it did not stop within {KILL_GRACE_S:g} s)")
         elif name in STOP_SIGNALS:
             self._record(rank, "interrupted", f"interrupted by {name} before it reported",
                          signal_name=name)
@@ -202,6 +208,25 @@ class Supervisor:
         for rank in self._pending():
             loading = self.phases.get(rank, "loading") in INTERRUPTIBLE_PHASES
             if loading and rank not in self.killed:
+                self.killed.add(rank)
+                self.procs[rank].kill()
+
+    def _end_stuck_ranks(self) -> None:
+        """A second stop request while ranks still run (a block stuck in the pipeline): SIGTERM
+        each, which abandons its block in flight and finalises its files; kill the ones still
+        there `KILL_GRACE_S` later (stuck where no signal reaches)."""
+        if self.stop_sent is None or self.stop.requests < 2:
+            return
+        if self.pressed_at is None:
+            self.pressed_at = time.monotonic()
+            for rank in self._pending():
+                if self.procs[rank].is_alive():
+                    self.procs[rank].terminate()
+            return
+        if time.monotonic() - self.pressed_at < KILL_GRACE_S:
+            return
+        for rank in self._pending():
+            if rank not in self.killed and self.procs[rank].is_alive():
                 self.killed.add(rank)
                 self.procs[rank].kill()
 

@@ -17,15 +17,18 @@ file system are read; nothing is created.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from pathlib import Path
 from typing import Any, Sequence
 
 from ardiff.engine.loader import declared_input_paths, entry_file
 from ardiff.errors import ConfigError, OutputPathError
-from ardiff.path_text import EXAMPLE_NAMES, check_path_text, landing
+from ardiff.path_text import EXAMPLE_NAMES, check_not_a_loop, check_path_text, landing
 from ardiff.rollout.inputs import input_file
 from ardiff.rollout.streams import output_paths
+from ardiff.video import disk, formats
+from ardiff.video.writer import output_kind
 
 NamedPath = tuple[str, "str | os.PathLike"]  # (field, the path as the user wrote it)
 
@@ -48,6 +51,8 @@ def check_rollout_paths(config: Any, outputs: Sequence[Path] | None = None, *,
     for field, path in files:
         check_written_file(field, path)
     videos = output_paths(config) if outputs is None else outputs
+    for video in videos:
+        check_not_a_loop("output.path", video)
     check_run_paths([*(("output.path", path) for path in videos), *files],
                     read_paths(config, config_file, pipeline))
 
@@ -75,6 +80,7 @@ def check_written_file(field: str, text: str | os.PathLike) -> None:
     check_path_text(field, text)
     shown = os.fspath(text)
     try:
+        check_not_a_loop(field, shown)
         _check_landing(field, shown)
     except OSError as exc:  # a folder this user may not look into, a loop of links...
         raise ConfigError(f"{field}: cannot look at {shown!r} ({type(exc).__name__}: "
@@ -115,7 +121,26 @@ def check_run_paths(written: Sequence[NamedPath], read: Sequence[NamedPath]) -> 
         if key in seen:
             raise OutputPathError(_collision(field, path, *seen[key]))
         _check_outside(field, path, folders)
+        if field == "output.path" and output_kind(path) == formats.DIRECTORY:
+            others = [(other, name) for other, name in written if other != "output.path"]
+            _check_no_frame_file(path, [*((*named, True) for named in read),
+                                        *((*named, False) for named in others)])
         seen[key] = (field, path, False)
+
+
+def _check_no_frame_file(path, files: Sequence[tuple[str, Any, bool]]) -> None:
+    """A PNG folder gets every `frame_*.png` replaced (and those the run did not write
+    removed): a file the run reads or writes, (field, path, is read), must not be one."""
+    folder = _resolved(path)
+    for field, other, reads in files:
+        resolved = _resolved(other)
+        if resolved.parent == folder and fnmatch.fnmatch(resolved.name, disk.FRAME_PATTERN):
+            verb = "overwrite its input" if reads else "write it twice, and one would be lost"
+            raise OutputPathError(
+                f"output.path: {os.fspath(path)!r} is a folder of PNG frames that holds "
+                f"{field} {resolved.name!r}; the run replaces every {disk.FRAME_PATTERN} in "
+                f"it, so it would {verb}; move the {'input' if reads else 'file'} or pick "
+                f"another folder")
 
 
 def _check_outside(field: str, path, folders: list[tuple[Path, str, Any]]) -> None:

@@ -28,10 +28,13 @@ class RolloutStop:
 
     def __init__(self) -> None:
         self.reason: str | None = None
+        self.requests = 0  # how often a caller asked (2: a second stop signal came)
+        self.ranks = 0  # a parallel job's parent: its ranks (a 2nd request ends their blocks)
         self.phase = "loading"
         self.gate: FileGate | None = None
 
     def request(self, reason: str = "a stop request") -> None:
+        self.requests += 1
         if self.reason is None:
             self.reason = reason
 

@@ -25,6 +25,7 @@ import re
 import secrets
 import select
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -230,10 +231,22 @@ def written_through(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Where code that writes a whole file by name writes the file for `path`: `path` itself,
     or when it lands on a FIFO or device, a temporary file whose bytes go there once the
     code is done (`write_stream`: TimeoutError when a FIFO gets no reader). A picture needs
-    a seekable file; a FIFO's reader gets one whole file, as from a video."""
+    a seekable file; a FIFO's reader gets one whole file, as from a video. A file (a
+    symlink's target) is written as a work file beside it and moved onto it when whole: a
+    full disk or an error keeps the old file and leaves no half one."""
     target, stream = landing(path)
     if not stream:
-        yield Path(path)
+        work = work_path(target)  # the suffix the user gave names the format (a link's
+        if work.suffix != Path(path).suffix:  # target may have another, or none)
+            work = work.with_name(work.name + Path(path).suffix)
+        try:
+            yield work
+            with contextlib.suppress(OSError):  # a new file gets the umask's mode
+                os.chmod(work, stat.S_IMODE(os.stat(target).st_mode))
+            os.replace(work, target)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(work)
         return
     with tempfile.TemporaryDirectory(prefix="ardiff-") as folder:
         work = Path(folder) / Path(path).name

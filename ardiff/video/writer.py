@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ardiff.errors import ConfigError, EncoderError, OutputPathError
-from ardiff.path_text import check_path_text, landing
+from ardiff.path_text import check_not_a_loop, check_path_text, landing
 from ardiff.video import codecs, disk, encoders, formats, leftovers
 
 SUPPORTED_EXTENSIONS = formats.file_suffixes()  # the shipped table's; checks read it live
@@ -60,6 +60,7 @@ def check_output_path(path: str | os.PathLike, codec: str | None = None,
     with a NUL byte, is an OutputPathError.
     """
     check_path_text("output.path", path, file_needed=False)
+    check_not_a_loop("output.path", path)
     target = Path(path)
     kind, suffixes = output_kind(path), ", ".join(formats.file_suffixes())
     if kind == formats.DIRECTORY and target.exists() and not target.is_dir():

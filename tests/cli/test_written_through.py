@@ -92,3 +92,57 @@ def test_an_action_log_for_a_fifo_reaches_its_reader(quick_fifo, capsys):
     assert yaml.safe_load(got[0]) == {"actions": ["left", "none"]}
     assert capsys.readouterr().err.startswith(f"actions: {fifo} (2 blocks); replay: ardiff "
                                               f"rollout --seed 5 --frames 4 --actions ")
+
+
+def test_a_picture_the_disk_cannot_hold_keeps_the_old_file_and_leaves_nothing(tmp_path,
+                                                                               monkeypatch):
+    (tmp_path / "run.png").write_bytes(b"the last run's picture")
+
+    def fills_the_disk(timeline, path, title, summary):
+        Path(path).write_bytes(b"\x89PNG half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("ardiff.rollout.figure.write_figure", fills_the_disk)
+    message = picture.RunPicture(tmp_path / "run.png", "--report").write(fake_report())
+
+    assert message == (f"--report: cannot write {str(tmp_path / 'run.png')!r} (OSError: No "
+                       f"space left on device); choose a writable path")
+    assert (tmp_path / "run.png").read_bytes() == b"the last run's picture"
+    assert os.listdir(tmp_path) == ["run.png"]  # no half picture, no work file
+
+
+def test_a_picture_through_a_symlink_replaces_the_target_whole(tmp_path, monkeypatch):
+    draws_text(monkeypatch)
+    (tmp_path / "real.svg").write_text("old")
+    (tmp_path / "run.svg").symlink_to("real.svg")
+    assert picture.RunPicture(tmp_path / "run.svg", "--report").write(fake_report()) is None
+    assert (tmp_path / "run.svg").is_symlink()
+    assert (tmp_path / "real.svg").read_text() == "p \xb7 4 frames"
+    assert sorted(os.listdir(tmp_path)) == ["real.svg", "run.svg"]
+
+
+def test_an_action_log_the_disk_cannot_hold_keeps_the_old_file_and_names_the_users_path(
+        tmp_path, monkeypatch):
+    log = tmp_path / "game.actions.yaml"
+    log.write_text("actions: [up]\n")
+
+    def fills_the_disk(self, data, *args, **kwargs):
+        Path.write_bytes(self, data.encode()[:5])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", fills_the_disk)
+    message = play_session._write_log(log_session(log), SimpleNamespace(frames_written=4), [])
+
+    assert message == (f"--actions-out: cannot write {str(log)!r} (OSError: No space left on "
+                       f"device); choose a writable path")
+    assert log.read_text() == "actions: [up]\n"
+    assert os.listdir(tmp_path) == ["game.actions.yaml"]
+
+
+def test_a_picture_through_a_symlink_to_a_file_of_another_suffix_keeps_its_format(tmp_path):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "picture").write_text("old")
+    (tmp_path / "run.svg").symlink_to("picture")
+    assert picture.RunPicture(tmp_path / "run.svg", "--report").write(fake_report()) is None
+    assert (tmp_path / "picture").read_text().lstrip().startswith("<?xml")
+    assert sorted(os.listdir(tmp_path)) == ["picture", "run.svg"]

@@ -247,6 +247,17 @@ def run_case(case: RankFault, folder: Path) -> Run:
         return kill_the_parent(folder, (1, 0), fault="load_hang", on_rank=1)
     if case.name == "parent-killed":
         return kill_the_parent(folder, (1, 2))
+    if case.name == "hung-rank-twice":  # a second signal abandons the block rank 1 hangs in
+        path = write_config(folder, fault="hang", on_rank=1, marker=str(folder / "blocks-{rank}"),
+                            parallel={"workers": 2})
+        started = time.monotonic()
+        proc = start(folder, str(path), "-q")
+        marker(folder, 1, blocks=3)  # it makes block 3 next: that one never returns
+        pids = descendants(proc.pid)
+        for _ in range(2):
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+        return finish(proc, folder, started, pids)
     raise AssertionError(f"no way to run {case.name}")
 
 
@@ -352,6 +363,17 @@ def test_a_killed_parent_ends_its_ranks_with_their_files_finalised(runs):
     run = runs["parent-killed"]
     for stream in (0, 1):
         assert 0 < frames_of(run.folder / f"v-{stream}.npy") < FRAMES
+
+
+@heavy
+def test_a_second_signal_abandons_the_block_a_rank_hangs_in(runs):
+    run = runs["hung-rank-twice"]
+    # within seconds, not timeout_s (600 s): rank 1 abandoned block 3, both kept their frames
+    assert not run.hung and run.wall_s < 60, run.stderr
+    assert run.stats["ranks"][1]["status"] == "interrupted"  # rank 0 may have finished first
+    assert frames_of(run.folder / "v-1.npy") == 3 * TINY["frames_per_block"]
+    assert frames_of(run.folder / "v-0.npy") > 0
+    assert "every rank abandons its block in flight" in run.stderr
 
 
 # -- the docs -----------------------------------------------------------------------------------

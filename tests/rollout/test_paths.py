@@ -459,3 +459,71 @@ def test_a_json_path_too_long_for_any_file_system_is_one_line(tmp_path):
     assert result.exit_code == 2
     assert re.fullmatch(r"error: --json: 'd+\.\.\.d+' is 5024 bytes long; file systems allow "
                         r"4095, so pick a shorter path\n", result.stderr), result.stderr
+
+
+
+@pytest.mark.parametrize("flag, name", [("-o", "loop.npy"), ("--json", "loop.json"),
+                                        ("--report", "loop.svg")])
+def test_an_output_that_is_a_loop_of_symlinks_is_refused_and_the_links_stay(tmp_path, flag,
+                                                                             name):
+    write_config(tmp_path)
+    (tmp_path / name).symlink_to(f"2{name}")
+    (tmp_path / f"2{name}").symlink_to(name)
+    video = () if flag == "-o" else ("-o", "out.npy")
+
+    result = ardiff(tmp_path, "rollout", "run.yaml", flag, name, *video, "--quiet")
+
+    field = {"-o": "output.path"}.get(flag, flag)
+    assert result.exit_code == 2, result.output
+    assert re.fullmatch(rf"error: {re.escape(field)}: '{re.escape(name)}' is a loop of "
+                        rf"symlinks \(it leads to no file\); remove the link or pick another "
+                        rf"path\n", result.output), result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"2{name}", name, "run.yaml"]
+    assert (tmp_path / name).is_symlink() and (tmp_path / f"2{name}").is_symlink()
+
+
+def test_a_png_folder_that_holds_an_input_named_like_a_frame_is_refused(tmp_path):
+    write_config(tmp_path)
+    (tmp_path / "frames").mkdir()
+    (tmp_path / "frames" / "frame_000000.png").write_text("a prompt\n")
+    (tmp_path / "frames" / "notes.txt").write_text("another prompt\n")
+
+    refused = ardiff(tmp_path, "rollout", "run.yaml", "-o", "frames/", "--prompts",
+                     "frames/frame_000000.png", "--quiet")
+    kept = ardiff(tmp_path, "rollout", "run.yaml", "-o", "frames/", "--prompts",
+                  "frames/notes.txt", "--quiet")
+
+    assert refused.exit_code == 2, refused.output
+    assert refused.output == (
+        "error: output.path: 'frames' is a folder of PNG frames that holds rollout.prompts "
+        "'frame_000000.png'; the run replaces every frame_*.png in it, so it would "
+        "overwrite its input; move the input or pick another folder\n")
+    assert kept.exit_code == 0, kept.output  # a file no frame is named like stays
+    assert (tmp_path / "frames" / "notes.txt").read_text() == "another prompt\n"
+    assert (tmp_path / "frames" / "frame_000000.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_play_refuses_a_video_that_is_a_loop_of_symlinks_before_it_needs_a_terminal(tmp_path):
+    (tmp_path / "game.npy").symlink_to("game.npy")
+
+    result = ardiff(tmp_path, "play", "-o", "game.npy")
+
+    assert result.exit_code == 2, result.output
+    assert result.output == ("error: output.path: 'game.npy' is a loop of symlinks (it leads "
+                             "to no file); remove the link or pick another path\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["game.npy"]
+
+
+def test_a_png_folder_refuses_a_json_named_like_one_of_its_frames(tmp_path):
+    write_config(tmp_path)
+    (tmp_path / "frames").mkdir()
+
+    result = ardiff(tmp_path, "rollout", "run.yaml", "-o", "frames/", "--json",
+                    "frames/frame_000001.png", "--quiet")
+
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        "error: output.path: 'frames' is a folder of PNG frames that holds --json "
+        "'frame_000001.png'; the run replaces every frame_*.png in it, so it would write it "
+        "twice, and one would be lost; move the file or pick another folder\n")
+    assert os.listdir(tmp_path / "frames") == []

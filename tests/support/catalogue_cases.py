@@ -457,4 +457,10 @@ CASES = [
          r"max_model_len is 40; lower rollout\.frames to 40", command="bench",
          config={**args_of(max_model_len=40), **rollout(frames=60)},
          args=("--no-encode", "--plot", "run.png")),
+    # -- #25, red team: a PNG folder's frames are files it replaces ---------------------------
+    Case("a PNG folder that holds an input named like a frame", 2, r"^output\.path: 'frames' is "
+         r"a folder of PNG frames that holds rollout\.prompts 'frame_000000\.png'; the run "
+         r"replaces every frame_\*\.png in it, so it would overwrite its input; move the input "
+         r"or pick another folder$", files=(("frames/frame_000000.png", "a red ball\n"),),
+         args=("-o", "frames/", "--prompts", "frames/frame_000000.png")),
 ]

@@ -229,4 +229,7 @@ RANK_FAULTS = [
               None, "(no video)", None),
     RankFault("parent-killed", "SIGKILL to `ardiff rollout` during the rollout", None, None,
               "every frame of the blocks each rank finished", None),
+    RankFault("hung-rank-twice", "two SIGTERMs to `ardiff rollout` while a rank's block hangs",
+              130, "interrupted", "every frame of the blocks each rank finished",
+              r"^interrupted by SIGTERM$"),
 ]
