@@ -420,6 +420,7 @@ def test_a_json_fifo_is_written_to_its_reader_and_given_up_without_one(tmp_path,
     from ardiff_cli import _options
 
     monkeypatch.setattr(_options, "FIFO_WAIT_S", 0.2)
+    monkeypatch.chdir(tmp_path)  # the video (a relative output.path) lands here, not in the repo
     config = write_config(tmp_path, 4, output="out.npy")
     fifo = tmp_path / "stats.fifo"
     os.mkfifo(fifo)
