@@ -57,17 +57,29 @@ class RankJob:
 
 class Outbox:
     """The rank's end of the pipe, for two threads; a send to a parent that is gone does
-    nothing (the rank stops on its own: `_follow_parent`)."""
+    nothing (the rank stops on its own: `_follow_parent`). A message is never cut: a
+    SIGTERM that comes while the main thread writes one (`is_sending`) is `deferred` and
+    raised once the message is whole (a half-written message would leave the parent
+    waiting for the rest of it)."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn, self.lock = conn, threading.Lock()
+        self.is_sending = False  # the main thread is inside conn.send
+        self.deferred: str | None = None  # a signal to raise once the send is done
 
     def send(self, kind: str, payload: object) -> None:
+        main = threading.current_thread() is threading.main_thread()
         with self.lock:
+            self.is_sending = main
             try:
                 self.conn.send((kind, payload))
             except (OSError, ValueError):  # BrokenPipeError; closed
                 pass
+            finally:
+                self.is_sending = False
+        deferred, self.deferred = (self.deferred, None) if main else (None, self.deferred)
+        if deferred is not None:
+            raise KeyboardInterrupt(deferred)
 
 
 class RankSignals:
@@ -75,20 +87,29 @@ class RankSignals:
     process), and is remembered (`received`); STOP_NOW raises only while the rank may still
     be interrupted without losing anything (loading, warming up)."""
 
-    def __init__(self, stop: RankStop) -> None:
-        self.stop = stop
+    def __init__(self, stop: RankStop, outbox: Outbox) -> None:
+        self.stop, self.outbox = stop, outbox
         self.received: str | None = None
         signal.signal(signal.SIGTERM, self._terminate)
         signal.signal(STOP_NOW, self._stop_now)
 
     def _terminate(self, signum: int, frame: object) -> None:
         signal.signal(signum, signal.SIG_DFL)
-        self.received = self.received or signal.Signals(signum).name
-        raise KeyboardInterrupt(signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        self.received = self.received or name
+        if self.outbox.is_sending:  # mid-message: raised by the send, once it is whole
+            self.outbox.deferred = name
+            return
+        raise KeyboardInterrupt(name)
 
     def _stop_now(self, signum: int, frame: object) -> None:
-        if self.stop.is_interruptible:
-            raise KeyboardInterrupt(self.stop.reason or "a stop request")
+        if not self.stop.is_interruptible:
+            return
+        reason = self.stop.reason or "a stop request"
+        if self.outbox.is_sending:
+            self.outbox.deferred = self.outbox.deferred or reason
+            return
+        raise KeyboardInterrupt(reason)
 
     def settle(self) -> None:
         """The result is made: a signal from now on changes nothing."""
@@ -103,7 +124,7 @@ def spawned_rank_main(job: RankJob, conn: Connection) -> None:
         signal.signal(signum, signal.SIG_IGN)
     outbox = Outbox(conn)
     stop = RankStop(on_phase=lambda phase: outbox.send("phase", phase))
-    signals = RankSignals(stop)
+    signals = RankSignals(stop, outbox)
     # Blocked while we started (the forkserver was started with them blocked, and a fork
     # inherits the mask), so a Ctrl-C before the lines above could not end this rank.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGHUP})

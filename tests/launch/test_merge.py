@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import jsonschema
+import pytest
 
 from ardiff.launch.merge import JobOutcome, RankResult, merge, no_sessions, unallocated_kv
 from ardiff.rollout.report import STATS_SCHEMA, RolloutReport
@@ -93,3 +94,36 @@ def test_a_healthy_job_is_ok():
     report = job(result(0), result(1))
     assert (report.status, report.error, report.exit_code) == ("ok", None, 0)
     assert report.frames_written == report.frames_requested
+
+
+def test_a_sigterm_in_the_middle_of_a_message_waits_until_it_is_whole():
+    """A rank's SIGTERM raises where the rank is, but never inside a message to the parent:
+    a half-written message would leave the parent waiting for its rest (the job hung)."""
+    import signal
+
+    from ardiff.launch.stop import RankStop
+    from ardiff.launch.worker import Outbox, RankSignals
+
+    class HalfwaySignal:
+        """A connection whose send is interrupted by SIGTERM between its two writes."""
+
+        def __init__(self) -> None:
+            self.written: list[str] = []
+
+        def send(self, message: object) -> None:
+            self.written.append("header")
+            signal.raise_signal(signal.SIGTERM)
+            self.written.append("body")
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)
+    try:
+        conn = HalfwaySignal()
+        outbox = Outbox(conn)  # type: ignore[arg-type]
+        signals = RankSignals(RankStop(), outbox)
+        with pytest.raises(KeyboardInterrupt, match="^SIGTERM$"):
+            outbox.send("progress", {"frames": 2})
+        assert conn.written == ["header", "body"]
+        assert signals.received == "SIGTERM" and outbox.deferred is None
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGUSR1, before[1])
