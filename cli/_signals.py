@@ -30,7 +30,9 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import Any, Callable, ContextManager, NamedTuple
+from typing import Any, Callable, ContextManager
+
+from ardiff.rollout.interrupts import in_ardiffs_own_code
 
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
                      if hasattr(signal, name))
@@ -113,7 +115,7 @@ class StopSignals:
             raise KeyboardInterrupt(name)
         self._retry_pending = False  # this call may be the retry
         if (not first or self._is_closing()) and self._may_abort():
-            if _in_ardiffs_own_code(frame):  # its pages, sessions or files: not there
+            if in_ardiffs_own_code(frame):  # its pages, sessions or files: not there
                 self._abandon_later(signum)
                 return
             _say(self._abort_line(name))
@@ -321,49 +323,6 @@ class ArrivalOrder:
                 signal.set_wakeup_fd(current)
             _close_all(self._fds)
             self._fds = None
-
-
-def _in_ardiffs_own_code(frame: FrameType | None) -> bool:
-    """Whether an exception raised in `frame` now would cut through ardiff's bookkeeping (KV
-    pages, sessions, files), not the pipeline's code: the innermost frame that is neither
-    torch's, numpy's nor the standard library's is ardiff's (not one of its shipped
-    pipelines')."""
-    roots = _CodeRoots.now()
-    while frame is not None:
-        path = frame.f_code.co_filename
-        if path.startswith(roots.ardiff) and not path.startswith(roots.pipelines):
-            return True
-        if not roots.is_called(path):
-            return False
-        frame = frame.f_back
-    return False
-
-
-class _CodeRoots(NamedTuple):
-    """Where code lives: ardiff's, its pipelines', and what a pipeline calls into."""
-
-    ardiff: str
-    pipelines: str
-    libraries: tuple[str, ...]  # torch, numpy, frozen modules
-    stdlib: str
-    site: tuple[str, ...]       # third-party packages (a pipeline's own among them)
-
-    @classmethod
-    def now(cls) -> _CodeRoots:
-        import sysconfig
-
-        def folder(name: str) -> str:
-            path = getattr(sys.modules.get(name), "__file__", None)
-            return "\0" if path is None else os.path.dirname(path) + os.sep  # \0: no path
-
-        paths = sysconfig.get_paths()
-        ardiff = folder("ardiff")
-        return cls(ardiff, f"{ardiff}pipelines{os.sep}", (folder("torch"), folder("numpy"), "<"),
-                   paths["stdlib"] + os.sep, (paths["purelib"] + os.sep, paths["platlib"] + os.sep))
-
-    def is_called(self, path: str) -> bool:
-        return path.startswith(self.libraries) or (path.startswith(self.stdlib)
-                                                   and not path.startswith(self.site))
 
 
 def _close_all(fds: tuple[int, ...]) -> None:

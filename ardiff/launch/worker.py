@@ -24,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from types import FrameType
 from typing import Any, Callable, Sequence
 
 from ardiff.config.run import RunConfig, with_base_dir
@@ -34,12 +35,14 @@ from ardiff.engine.device import resolve_device
 from ardiff.errors import EXIT_FAILED, EXIT_INTERRUPTED, ArdiffError
 from ardiff.launch.merge import RankResult
 from ardiff.launch.stop import RankStop
+from ardiff.rollout.interrupts import in_ardiffs_own_code
 from ardiff.rollout.job import run_rollout
 from ardiff.rollout.progress import ProgressEvent
 from ardiff.rollout.share import JobShare
 
 START_S = 300.0    # a rank may take this long to load and build (timeout_s counts after)
 KILL_GRACE_S = 3.0  # a rank asked to end has this long before it is killed
+RETRY_S = 0.01  # a SIGTERM that found the rank in ardiff's code: raised again after this
 STOP_NOW = signal.SIGUSR1  # sent by a rank to itself: the parent's stop, while it loads
 
 
@@ -93,14 +96,32 @@ class RankSignals:
         signal.signal(signal.SIGTERM, self._terminate)
         signal.signal(STOP_NOW, self._stop_now)
 
-    def _terminate(self, signum: int, frame: object) -> None:
-        signal.signal(signum, signal.SIG_DFL)
+    def _terminate(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         self.received = self.received or name
         if self.outbox.is_sending:  # mid-message: raised by the send, once it is whole
+            signal.signal(signum, signal.SIG_DFL)
             self.outbox.deferred = name
             return
+        if in_ardiffs_own_code(frame):  # its pages, sessions or files: not there
+            self._again_soon(signum)
+            return
+        signal.signal(signum, signal.SIG_DFL)  # once: a second SIGTERM ends the process
         raise KeyboardInterrupt(name)
+
+    def _again_soon(self, signum: int) -> None:
+        """Send `signum` to the main thread again soon: its handler then finds the
+        pipeline's code, or the rank settled (the signal is then ignored)."""
+        main = threading.main_thread().ident
+        assert main is not None, "the main thread runs"
+
+        def resend() -> None:
+            if signal.getsignal(signum) == self._terminate:
+                signal.pthread_kill(main, signum)
+
+        timer = threading.Timer(RETRY_S, resend)
+        timer.daemon = True
+        timer.start()
 
     def _stop_now(self, signum: int, frame: object) -> None:
         if not self.stop.is_interruptible:
