@@ -12,7 +12,7 @@ import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import typer
 
@@ -177,3 +177,26 @@ def _mode_for(target: Path) -> int:
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
+
+
+def write_output_file(flag: str, target: Path, what: str,
+                      write: Callable[[Path], None]) -> Optional[str]:
+    """Write an output through a work file beside `target` (`ardiff.video.disk.written_through`:
+    moved when whole, or copied into a FIFO or device); returns why it could not be written
+    (None: it was). `what` names it in the message ("the picture", "the action log")."""
+    from ardiff.errors import ArdiffError
+    from ardiff.video.disk import written_through
+
+    path: Optional[Path] = None
+    try:
+        with written_through(target) as path:
+            write(path)
+    except TimeoutError as exc:
+        return (f"{flag}: {str(target)!r} is a FIFO and {exc}; {what} was not written; start "
+                f"its reader first")
+    except OSError as exc:  # writing into a FIFO or device
+        return (f"{flag}: cannot write {str(target)!r} ({type(exc).__name__}: "
+                f"{exc.strerror or exc}); choose a writable path")
+    except ArdiffError as exc:  # it names the file written: the work file, not the user's
+        return str(exc) if path is None else str(exc).replace(str(path), str(target))
+    return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ardiff.errors import ArdiffError
+from ardiff_cli import _options as options
 
 
 class RunPicture:
@@ -43,22 +43,11 @@ class RunPicture:
         if self.path is None:
             return None
         from ardiff.rollout.figure import write_figure
-        from ardiff.video.disk import written_through
 
         data = report.to_dict()
-        path: Optional[Path] = None
-        try:
-            with written_through(self.path) as path:  # a work file, moved or copied when whole
-                write_figure(self.timeline, path, title(data), summary(data))
-        except TimeoutError as exc:
-            return (f"{self.flag}: {str(self.path)!r} is a FIFO and {exc}; the picture was not "
-                    f"written; start its reader first")
-        except OSError as exc:  # writing into a FIFO or device
-            return (f"{self.flag}: cannot write {str(self.path)!r} ({type(exc).__name__}: "
-                    f"{exc.strerror or exc}); choose a writable path")
-        except ArdiffError as exc:  # it names the file written: the work file, not the user's
-            return str(exc) if path is None else str(exc).replace(str(path), str(self.path))
-        return None
+        return options.write_output_file(
+            self.flag, self.path, "the picture",
+            lambda path: write_figure(self.timeline, path, title(data), summary(data)))
 
 
 def title(data: dict) -> str:

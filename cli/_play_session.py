@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ardiff.config.play import key_map
-from ardiff.errors import ArdiffError, ConfigError
+from ardiff.errors import ConfigError
 from ardiff.text import short_repr
 from ardiff_cli import _options as options
 from ardiff_cli._run_report import finish_run
@@ -96,7 +96,6 @@ def finish(session: PlaySession, report: Any, replay_args: list[str], debug: boo
 
 def _write_log(session: PlaySession, report: Any, replay_args: list[str]) -> Optional[str]:
     from ardiff.rollout.live import write_action_log
-    from ardiff.video.disk import written_through
 
     replay = shlex.join(["ardiff", "rollout", *replay_args, "--seed",
                          str(session.config.rollout.seed), "--frames",
@@ -104,18 +103,11 @@ def _write_log(session: PlaySession, report: Any, replay_args: list[str]) -> Opt
                          "-o", "replay.npy"])
     comment = ["ardiff play: the action of each AR block, in order. Replay it frame for frame:",
                f"  {replay}"]
-    path: Optional[Path] = None
-    try:
-        with written_through(session.log_path) as path:  # a work file, moved when whole
-            write_action_log(path, session.blocks.log, comment)
-    except TimeoutError as exc:
-        return (f"--actions-out: {str(session.log_path)!r} is a FIFO and {exc}; the action log "
-                f"was not written; start its reader first")
-    except OSError as exc:  # writing into a FIFO or device
-        return (f"--actions-out: cannot write {str(session.log_path)!r} ({type(exc).__name__}: "
-                f"{exc.strerror or exc}); choose a writable path")
-    except ArdiffError as exc:  # it names the file written: the work file, not the user's
-        return str(exc) if path is None else str(exc).replace(str(path), str(session.log_path))
+    error = options.write_output_file(
+        "--actions-out", session.log_path, "the action log",
+        lambda path: write_action_log(path, session.blocks.log, comment))
+    if error is not None:
+        return error
     print(f"actions: {session.log_path} ({len(session.blocks.log)} blocks); replay: {replay}",
           file=sys.stderr)
     return None
