@@ -10,12 +10,15 @@ loop and the video. Everything a pipeline or a script needs is exported here.
 
 from ardiff.contract import (
     ARDiffusionCrossAttentionKVSpec,
+    ARDiffusionKVBatchBlock,
     ARDiffusionKVBlock,
     ARDiffusionKVBranchSpec,
     ARDiffusionKVCacheSpec,
     ARDiffusionKVState,
+    ARDiffusionKVStateBatch,
     BlockOutput,
     RolloutRequest,
+    SupportsARDiffusionBatchGeneration,
     SupportsARDiffusionBlockGeneration,
     SupportsARDiffusionPipeline,
     SupportsARDiffusionWarmup,
@@ -64,6 +67,7 @@ __all__ = [
     "ARDiffusionCrossAttentionKVSpec", "ARDiffusionKVBranchSpec", "ARDiffusionKVCacheSpec",
     "SupportsARDiffusionPipeline", "SupportsARDiffusionWarmup",
     "SupportsARDiffusionBlockGeneration", "ARDiffusionKVState", "ARDiffusionKVBlock",
+    "SupportsARDiffusionBatchGeneration", "ARDiffusionKVStateBatch", "ARDiffusionKVBatchBlock",
     "RolloutRequest", "BlockOutput", "ARDiffusionPipelineBase",
     "ArdiffError", "ConfigError", "SpecError", "PipelineLoadError", "OutputPathError",
     "CapacityError", "RunError", "KVStateError", "SessionError", "BlockOutputError",

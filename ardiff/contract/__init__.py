@@ -3,10 +3,13 @@
 from typing import Protocol
 
 from ardiff.contract.forward import (
+    ARDiffusionKVBatchBlock,
     ARDiffusionKVBlock,
     ARDiffusionKVState,
+    ARDiffusionKVStateBatch,
     BlockOutput,
     RolloutRequest,
+    SupportsARDiffusionBatchGeneration,
     SupportsARDiffusionBlockGeneration,
 )
 from ardiff.contract.spec import (
@@ -37,6 +40,7 @@ __all__ = [
     "ARDiffusionCrossAttentionKVSpec", "ARDiffusionKVBranchSpec", "ARDiffusionKVCacheSpec",
     "SupportsARDiffusionPipeline", "SupportsARDiffusionWarmup",
     "SupportsARDiffusionBlockGeneration", "ARDiffusionKVState", "ARDiffusionKVBlock",
+    "SupportsARDiffusionBatchGeneration", "ARDiffusionKVStateBatch", "ARDiffusionKVBatchBlock",
     "RolloutRequest", "BlockOutput", "ARDiffusionPipeline", "PIPELINE_METHODS",
     "missing_pipeline_methods",
 ]

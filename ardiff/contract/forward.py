@@ -7,12 +7,27 @@
 pipeline. `ARDiffusionKVState` and `ARDiffusionKVBlock` describe the state a
 pipeline is handed (docs/design.md#2-the-contract), as protocols so plugin code can annotate
 without importing the runtime; ardiff's implementation is `ardiff.kv.state`.
+
+Optional, ardiff's own: `SupportsARDiffusionBatchGeneration.generate_blocks(requests,
+states)`, one forward for several sessions. `states` is an `ARDiffusionKVStateBatch`: row i
+is request i's own `ARDiffusionKVState`, and `states.block(...)` enters one block per row
+whose `attend` takes `[B, ...]` and attends each row to its own session's history
+(`ardiff.kv.batch`). A pipeline without it is run one session per forward.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ContextManager, Protocol, TypeAlias, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ContextManager,
+    Iterator,
+    Protocol,
+    Sequence,
+    TypeAlias,
+    runtime_checkable,
+)
 
 from ardiff.errors import BlockOutputError
 
@@ -118,3 +133,50 @@ class SupportsARDiffusionBlockGeneration(Protocol):
 
     def generate_block(self, request: RolloutRequest,
                        state: ARDiffusionKVState) -> BlockOutput: ...
+
+
+class ARDiffusionKVBatchBlock(Protocol):
+    """One block per session of a batch, on one branch (`with states.block(...) as blk`).
+
+    Row i is session i of the batch; rows may be at different positions and hold histories
+    of different lengths (ragged is the normal case)."""
+
+    @property
+    def start_frames(self) -> list[int]: ...
+
+    @property
+    def visible_frames(self) -> list[list[int]]: ...
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               extra_k: torch.Tensor | None = None, extra_v: torch.Tensor | None = None,
+               scale: float | None = None) -> torch.Tensor:
+        """q: [B, q_tokens, q_heads, hs]; k, v: [B, num_frames * tokens_per_frame,
+        kv_heads, hs]; extra_k/v: [B, n, kv_heads, hs]. Returns [B, q_tokens, q_heads, hs]:
+        row i attended to row i's visible history + its own block (+ its registers)."""
+        ...
+
+
+class ARDiffusionKVStateBatch(Protocol):
+    """The states of a batch's sessions, in the order of its requests, valid only inside the
+    forward. Per-session work (cross K/V, a recache, `num_committed_frames`) goes through
+    `states[i]`; `block` opens the same block on every row at once."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> ARDiffusionKVState: ...
+
+    def __iter__(self) -> Iterator[ARDiffusionKVState]: ...
+
+    def block(self, branch: str, commit: bool = False,
+              num_frames: int | None = None) -> ContextManager[ARDiffusionKVBatchBlock]: ...
+
+
+@runtime_checkable
+class SupportsARDiffusionBatchGeneration(Protocol):
+    """ardiff's optional batched forward: the next AR block of every request's session in
+    one forward, run inside every session's bind (entered in the requests' order). Returns
+    one `BlockOutput` per request, in order. Requests may differ in prompt, seed, block
+    index, actions and guidance; sessions may be at different positions."""
+
+    def generate_blocks(self, requests: Sequence[RolloutRequest],
+                        states: ARDiffusionKVStateBatch) -> list[BlockOutput]: ...
