@@ -83,10 +83,16 @@ def check_not_a_loop(field: str, text: str | os.PathLike) -> None:
 def landing(path: str | os.PathLike) -> tuple[Path, bool]:
     """Where bytes written to `path` land: the file it names with `~` expanded and every
     symlink followed, and whether that is a stream (an existing FIFO or device node), which
-    is written into as it is, never replaced."""
-    real = Path(os.path.realpath(Path(path).expanduser()))
+    is written into as it is, never replaced. The kernel's walk decides (os.stat of the path
+    as given): it follows /proc's fd links (/dev/stdout -> /proc/self/fd/1 -> a pipe or a
+    terminal), which realpath cannot (it names 'pipe:[N]'); such a stream is the path itself."""
+    expanded = Path(path).expanduser()
+    real = Path(os.path.realpath(expanded))
     try:
-        mode = os.stat(real).st_mode
+        mode = os.stat(expanded).st_mode
     except OSError:
         return real, False
-    return real, stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+    stream = stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+    if stream and not os.path.exists(real):  # reached through a /proc fd link
+        return Path(os.path.abspath(expanded)), True
+    return real, stream

@@ -20,8 +20,8 @@ def finish_run(report, json_path: Optional[str], quiet: bool, debug: bool,
     picture failed). A torchrun rank other than 0 writes nothing: rank 0 reports the job.
     `--json -` prints to `json_out` (default sys.stdout; ardiff_cli._stdout)."""
     if not report.is_primary:
-        if report.status != "ok":
-            print(f"error: {' '.join((report.error or report.status).split())}", file=sys.stderr)
+        if report.error is not None:  # None: rank 0 reports it (ardiff.launch.torchrun)
+            print(f"error: {' '.join(report.error.split())}", file=sys.stderr)
         raise typer.Exit(report.exit_code)
     json_error = _emit(report, json_path, quiet, json_out or sys.stdout) or picture_error
     if report.status != "ok":

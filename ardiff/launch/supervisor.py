@@ -11,9 +11,10 @@ once, and is killed if it has not `KILL_GRACE_S` later (it has nothing on disk).
 stop request (a second signal to the command) sends SIGTERM to every rank still running, which
 abandons the block it is stuck in and finalises its files; one still there `KILL_GRACE_S`
 later (stuck in native code) is killed. A rank
-silent for `timeout_s` (`START_S` while it loads) is failed and ended; a rank that ends
-without a result is recorded by what ended it (a stop signal: interrupted; another
-signal or an exit: failed). No rank outlives the job.
+silent for `timeout_s` (meeting the others, loading, warming up or in a block) is failed,
+named with what it was doing, and ended; a rank that ends without a result is recorded by
+what ended it (a stop signal: interrupted; another signal or an exit: failed). No rank
+outlives the job.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ardiff.errors import EXIT_FAILED, EXIT_INTERRUPTED
 from ardiff.launch.merge import JobOutcome
 from ardiff.launch.worker import (
     KILL_GRACE_S,
-    START_S,
+    MEETING,
     RankJob,
     rank_result,
     spawned_rank_main,
@@ -38,6 +39,9 @@ from ardiff.rollout.stop import INTERRUPTIBLE_PHASES, RolloutStop
 
 POLL_S = 0.25          # how often the supervisor looks at its ranks
 STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")  # a rank they end was interrupted, not failed
+SILENT_PHASES = {"loading": " while it loaded its pipeline", "warmup": " while it warmed up",
+                 "rollout": " in its rollout", "finalising": " while it finalised its files",
+                 "closing": " while its pipeline closed its sessions"}  # what a stuck rank did
 PRELOAD = ["torch", "ardiff.rollout.job", "ardiff.launch.worker"]  # the forkserver imports them once
 
 
@@ -144,12 +148,17 @@ class Supervisor:
         self.emit(ProgressEvent(self.phase, sum(self.frames.values()), self.frames_total))
 
     def _check_silence(self) -> None:
+        """A rank silent for `timeout_s`, whatever it does (meets the others, loads its
+        pipeline, warms up, runs a block), is stuck: failed, named with what it was doing,
+        and ended."""
         timeout_s = next(iter(self.jobs.values())).timeout_s
         now = time.monotonic()
         for rank in self._pending():
-            limit = timeout_s if rank in self.running else max(timeout_s, START_S)
-            if now - self.heard[rank] > limit:
-                self._record(rank, "failed", f"no progress for {timeout_s:g} s "
+            if self.phases.get(rank) == MEETING:  # waits for a peer: the peer is the stuck one
+                continue
+            if now - self.heard[rank] > timeout_s:
+                doing = SILENT_PHASES.get(self.phases.get(rank, "loading"), "")
+                self._record(rank, "failed", f"no progress for {timeout_s:g} s{doing} "
                                              f"(runtime.parallel.timeout_s); it was stopped")
                 _end(self.procs[rank])
 
@@ -206,7 +215,7 @@ class Supervisor:
         if self.stop_sent is None or time.monotonic() - self.stop_sent_at < KILL_GRACE_S:
             return
         for rank in self._pending():
-            loading = self.phases.get(rank, "loading") in INTERRUPTIBLE_PHASES
+            loading = self.phases.get(rank, "loading") in (*INTERRUPTIBLE_PHASES, MEETING)
             if loading and rank not in self.killed:
                 self.killed.add(rank)
                 self.procs[rank].kill()

@@ -40,10 +40,10 @@ from ardiff.rollout.job import run_rollout
 from ardiff.rollout.progress import ProgressEvent
 from ardiff.rollout.share import JobShare
 
-START_S = 300.0    # a rank may take this long to load and build (timeout_s counts after)
 KILL_GRACE_S = 3.0  # a rank asked to end has this long before it is killed
 RETRY_S = 0.01  # a SIGTERM that found the rank in ardiff's code: raised again after this
 STOP_NOW = signal.SIGUSR1  # sent by a rank to itself: the parent's stop, while it loads
+MEETING = "meeting"  # told to the parent: waiting for every rank to load (no phase of its own)
 
 
 @dataclass(frozen=True)
@@ -217,10 +217,10 @@ def run_rank(job: RankJob, stop: RankStop,
         torch.set_num_threads(job.threads)
         config = _rank_config(job.config, rank)
         groups = join_groups(rank, job.backend, job.init_method, job.timeout_s,
-                             config.runtime.device, start_timeout_s=max(job.timeout_s, START_S))
+                             config.runtime.device, start_timeout_s=job.timeout_s)
         stop.groups = groups
         share = JobShare(rank.replica, rank.workers, rank.writes, _context(rank, groups),
-                         groups.agree_min)
+                         _agreeing(groups, stop, job.timeout_s))
         report = run_rollout(config, on_event=on_event, stop=stop, share=share)
         result = rank_result(job, report.to_dict(), report.block_latencies_s,
                              isinstance(report.exception, PeerLostError))
@@ -228,6 +228,31 @@ def run_rank(job: RankJob, stop: RankStop,
         result = _failure(job, exc)
     result["wall_s"] = time.perf_counter() - start
     return result
+
+
+def _agreeing(groups: Groups, stop: RankStop, timeout_s: float) -> Callable[[int], int]:
+    """`groups.agree_min`, said first to the parent (phase `meeting`): a rank waiting there
+    for a peer still loading is not stuck (the wait ends within timeout_s by itself)."""
+    def agree_min(value: int) -> int:
+        if stop.on_phase is not None:
+            stop.on_phase(MEETING)
+        try:
+            return groups.agree_min(value)
+        except PeerLostError as exc:
+            if not _timed_out(exc):
+                raise
+            raise PeerLostError(f"the other ranks did not all finish loading within "
+                                f"runtime.parallel.timeout_s ({timeout_s:g} s); a pipeline "
+                                f"that loads longer needs a larger one") from exc
+
+    return agree_min
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether a collective failed by waiting too long (gloo: 'Timed out waiting ...'),
+    not because a peer left."""
+    cause = exc.__cause__
+    return cause is not None and "timed out" in str(cause).lower()
 
 
 def _rank_config(config: RunConfig, rank: RankInfo) -> RunConfig:

@@ -11,7 +11,8 @@ pipeline declares it loads (`ar_diffusion_input_paths`). Every written path is a
 own: not another written path, not a read one, not an existing file inside a folder that is
 read. "One file" means one resolved path, whatever the spelling (`~`, relative, `a/../b`,
 symlinks), or one device and inode when it exists (hard links). An output is written where
-it leads (`landing`): a symlink's target, a FIFO or device as it is. Only strings and the
+it leads (`landing`): a symlink's target, a FIFO or device as it is (/dev/stdout's pipe or
+terminal too); one that leads to anything else (a socket) is refused. Only strings and the
 file system are read; nothing is created.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import stat
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -53,6 +55,7 @@ def check_rollout_paths(config: Any, outputs: Sequence[Path] | None = None, *,
     videos = output_paths(config) if outputs is None else outputs
     for video in videos:
         check_not_a_loop("output.path", video)
+        check_not_special("output.path", os.fspath(video), landing(video)[1])
     check_run_paths([*(("output.path", path) for path in videos), *files],
                     read_paths(config, config_file, pipeline))
 
@@ -89,6 +92,7 @@ def check_written_file(field: str, text: str | os.PathLike) -> None:
 
 def _check_landing(field: str, shown: str) -> None:
     target, stream = landing(shown)
+    check_not_special(field, shown, stream)
     folder = target.parent
     if not folder.is_dir():
         raise ConfigError(f"{field}: {shown!r} is in a folder that does not exist "
@@ -100,6 +104,29 @@ def _check_landing(field: str, shown: str) -> None:
     if not writable:
         raise ConfigError(f"{field}: {shown!r} is not writable; fix the permissions of the "
                           f"file or of its folder {str(folder)!r}, or pick another path")
+
+
+def check_not_special(field: str, shown: str, stream: bool) -> None:
+    """Refuse an output that leads to what is neither a file, a folder, a FIFO nor a device
+    (`stream`: it is a FIFO or device, per `landing`)."""
+    kind = None if stream else _special_kind(shown)
+    if kind is not None:
+        raise OutputPathError(f"{field}: {shown!r} leads to {kind}; ardiff writes into files, "
+                              f"FIFOs and devices; pick another path")
+
+
+def _special_kind(shown: str) -> str | None:
+    """What an existing path that is neither a file, a folder, a FIFO nor a device leads to
+    (a socket: /dev/stdout of a process whose stdout is one), as the kernel sees it."""
+    try:
+        mode = os.stat(Path(shown).expanduser()).st_mode
+    except OSError:  # nothing there yet (or unreadable: the folder checks say so)
+        return None
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return f"a file of type {stat.S_IFMT(mode):#o}"
 
 
 def check_run_paths(written: Sequence[NamedPath], read: Sequence[NamedPath]) -> None:

@@ -135,3 +135,17 @@ def test_a_hangup_ends_the_game_with_its_recording_kept(tmp_path, end):
     if end == "SIGHUP":
         assert "error: interrupted by SIGHUP" in game.output
         assert "Traceback" not in game.output
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_a_stop_signal_while_the_script_still_imports_ends_in_exit_130(tmp_path, signum):
+    """The first moments of `ardiff play`, while the script imports, before any command runs
+    (PYTHONPROFILEIMPORTTIME logs each import as it ends: typer is the first after ardiff's
+    own handling is installed): SIGHUP ended the process by the signal, SIGINT in a
+    traceback."""
+    game = run_in_pty(["play", "-o", "game.npy"], [Wait(" typer"), Signal(signum, 0.5)],
+                      cwd=tmp_path, timeout_s=30, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert game.exit_code == 130, game.output
+    assert f"error: interrupted by {signal.Signals(signum).name}" in game.output
+    assert "Traceback" not in game.output
+    assert list(tmp_path.iterdir()) == []

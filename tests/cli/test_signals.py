@@ -486,12 +486,20 @@ def test_an_abandon_lands_in_the_pipelines_code_never_in_ardiffs_bookkeeping():
     stop = RolloutStop()
     stop.phase, stop.gate = "rollout", FileGate(lambda: None)
     main = threading.main_thread().ident
+    go = threading.Event()
+
+    def second_signal() -> None:  # started before the gate: its start-up is not in the window
+        go.wait()
+        time.sleep(0.05)
+        signal.pthread_kill(main, signal.SIGINT)
+
     with StopSignals() as signals:
         signals.follow(stop)
         signal.raise_signal(signal.SIGTERM)
+        threading.Thread(target=second_signal, daemon=True).start()
         with pytest.raises(KeyboardInterrupt, match="^SIGTERM$") as abandoned:
             with stop.gate.pipeline():  # a "pipeline" that spends its time in ardiff's code
-                threading.Timer(0.01, signal.pthread_kill, (main, signal.SIGINT)).start()
+                go.set()
                 deadline = time.monotonic() + WAIT_S
                 while time.monotonic() < deadline:
                     _spans(list(range(500)))

@@ -5,10 +5,17 @@ writing; what a video does is tested through the command in tests/rollout/test_p
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import os
+import socket
+import threading
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Iterator
 
+import numpy as np
 import pytest
 import yaml
 from fifos import late_reader, read_fifo
@@ -146,3 +153,81 @@ def test_a_picture_through_a_symlink_to_a_file_of_another_suffix_keeps_its_forma
     assert picture.RunPicture(tmp_path / "run.svg", "--report").write(fake_report()) is None
     assert (tmp_path / "picture").read_text().lstrip().startswith("<?xml")
     assert sorted(os.listdir(tmp_path)) == ["picture", "run.svg"]
+
+
+# -- #25, round three: an output that is a symlink to /dev/stdout ----------------------------
+# /dev/stdout leads to /proc/self/fd/1, a link the kernel follows to the pipe or terminal but
+# realpath cannot (it names 'pipe:[N]'): such an output is written into as a direct FIFO or
+# device is, and one that leads to neither (a socket) is refused before any work.
+
+@contextlib.contextmanager
+def pipe_link(link: Path) -> Iterator[list]:
+    """`link`: a symlink to /proc/self/fd/W, W the write end of a pipe this test reads (as
+    /dev/stdout is, with stdout a pipe). Yields what came through, whole once it ends."""
+    read_end, write_end = os.pipe()
+    link.symlink_to(f"/proc/self/fd/{write_end}")
+    got: list = []
+
+    def drain() -> None:
+        chunks = []
+        while chunk := os.read(read_end, 1 << 16):
+            chunks.append(chunk)
+        got.append(b"".join(chunks))
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        yield got
+    finally:
+        os.close(write_end)  # the command closed its own: the reader sees the end
+        reader.join(timeout=10)
+        os.close(read_end)
+
+
+def test_a_video_through_a_symlink_to_stdout_reaches_it(ardiff_main, tmp_path):
+    with pipe_link(tmp_path / "out.npy") as got:
+        result = ardiff_main("rollout", "--frames", "3", "-o", tmp_path / "out.npy", "--json",
+                             tmp_path / "stats.json", "-q")
+    assert result.exit_code == 0, result.output
+    frames = np.load(io.BytesIO(got[0]))
+    assert frames.shape[0] == json.loads((tmp_path / "stats.json").read_text())["frames"][
+        "written"] > 0
+    assert sorted(os.listdir(tmp_path)) == ["out.npy", "stats.json"]
+
+
+def test_the_stats_through_a_symlink_to_stdout_reach_it(ardiff_main, tmp_path):
+    with pipe_link(tmp_path / "stats.json") as got:
+        result = ardiff_main("rollout", "--frames", "3", "-o", tmp_path / "out.npy", "--json",
+                             tmp_path / "stats.json", "-q")
+    assert result.exit_code == 0, result.output
+    assert json.loads(got[0])["status"] == "ok"
+
+
+@pytest.mark.parametrize("flag", ["-o", "--json", "--report"])
+def test_an_output_that_leads_to_a_socket_is_refused_before_any_work(ardiff_main, tmp_path,
+                                                                     flag):
+    name = {"-o": "out.npy", "--json": "stats.json", "--report": "run.svg"}[flag]
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        (tmp_path / name).symlink_to(f"/proc/self/fd/{theirs.fileno()}")
+        args = {"-o": tmp_path / "out.npy", **{flag: tmp_path / name}}
+        result = ardiff_main("rollout", "--frames", "3", *[x for pair in args.items()
+                                                            for x in pair], "-q")
+    field = "output.path" if flag == "-o" else flag
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == (
+        f"error: {field}: {str(tmp_path / name)!r} leads to a socket; ardiff writes into "
+        f"files, FIFOs and devices; pick another path")
+    assert os.listdir(tmp_path) == [name]
+
+
+def test_an_output_that_leads_to_stdout_is_refused_with_json_dash(ardiff_main, tmp_path):
+    """`--json -` gives stdout to the stats alone (the rest goes to stderr, fd 1 included), so
+    a video through a link to /dev/stdout would have gone to stderr."""
+    (tmp_path / "out.npy").symlink_to("/dev/stdout")
+    result = ardiff_main("rollout", "--frames", "3", "-o", tmp_path / "out.npy", "--json", "-")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == (
+        f"error: output.path: {str(tmp_path / 'out.npy')!r} leads to stdout, which --json - "
+        f"gives to the stats alone; write it to a file, or the stats with --json PATH")
+    assert result.stdout == ""

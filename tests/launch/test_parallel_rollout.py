@@ -227,7 +227,8 @@ def test_a_stuck_rank_fails_at_timeout_s_and_is_ended(stuck_rank):
     folder, code = stuck_rank
     assert code == 1
     data = stats(folder)
-    assert data["error"].startswith("rank 1: no progress for 2 s (runtime.parallel.timeout_s)")
+    assert data["error"].startswith("rank 1: no progress for 2 s in its rollout "
+                                    "(runtime.parallel.timeout_s)")
     assert data["ranks"][0]["status"] == "ok"            # rank 0 finished its streams
     assert [Path(o["path"]).name for o in data["outputs"]] == ["v-0.npy", "v-2.npy"]
     assert np.load(folder / "v-1.npy").shape[0] == 3      # rank 1's block 0, finalised

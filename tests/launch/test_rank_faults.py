@@ -258,13 +258,35 @@ def run_case(case: RankFault, folder: Path) -> Run:
             time.sleep(0.5)
             proc.send_signal(signal.SIGTERM)
         return finish(proc, folder, started, pids)
+    if case.name == "load-hang":  # failed after timeout_s, not after the 300 s it once was
+        path = write_config(folder, fault="load_hang", on_rank=1,
+                            marker=str(folder / "blocks-{rank}"),
+                            parallel={"workers": 2, "timeout_s": 3})
+        started = time.monotonic()
+        proc = start(folder, str(path), "-q")
+        marker(folder, 1, blocks=0)
+        return finish(proc, folder, started, descendants(proc.pid))
     raise AssertionError(f"no way to run {case.name}")
+
+
+class Runs(dict):
+    """Each case run once, when a test first asks for it (`-k` runs only what it selects)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, name: str) -> Run:
+        case = next(case for case in RANK_FAULTS if case.name == name)
+        if (self.root / name).exists():  # it was run, and broke: every test of it fails
+            raise AssertionError(f"the run of {name} broke (see its first test)")
+        self[name] = run = run_case(case, self.root / name)
+        return run
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Run]:
-    root = tmp_path_factory.mktemp("rank-faults")
-    return {case.name: run_case(case, root / case.name) for case in RANK_FAULTS}
+    return Runs(tmp_path_factory.mktemp("rank-faults"))
 
 
 def frames_of(path: Path) -> int:
@@ -346,8 +368,9 @@ def test_ranks_that_fail_before_their_cache_exists_end_in_a_complete_summary(run
 
 
 @heavy
-@pytest.mark.parametrize("name", ["env-peer-missing", "env-port-in-use", "spawn-port-in-use"])
-def test_a_rendezvous_that_cannot_happen_ends_within_timeout_s(runs, name):
+@pytest.mark.parametrize("name", ["env-peer-missing", "env-port-in-use", "spawn-port-in-use",
+                                  "load-hang"])
+def test_a_rendezvous_or_a_load_that_cannot_end_ends_within_timeout_s(runs, name):
     run = runs[name]
     # within seconds: not START_S (300 s), nor timeout_s's default (600 s)
     assert not run.hung and run.wall_s < 60, run.stderr
@@ -388,3 +411,54 @@ def test_the_errors_page_lists_every_rank_fault():
     start = lines.index(RANK_TABLE_HEADER)
     found = [line for line in lines[start:start + len(rows) + 3] if line.startswith("|")]
     assert found == [RANK_TABLE_HEADER, TABLE_RULE, *rows], f"docs/errors.md differs:\n{table}"
+
+
+# -- torchrun ------------------------------------------------------------------------------------
+
+@heavy
+@pytest.mark.skipif(not (BIN / "torchrun").exists(), reason="no torchrun")
+def test_under_torchrun_a_failed_rank_is_said_once_and_quoted_in_torchruns_summary(tmp_path):
+    """Rank 1 fails; rank 0 says the job's error, the only `error:` line (rank 1 said it too);
+    torchrun's summary lists one failure, rank 0's, quoting that line rather than pointing at
+    a traceback. torchrun still prints its own traceback: a rank exited non-zero."""
+    path = write_config(tmp_path, fault="raise", on_rank=1, parallel={"launcher": "env"})
+    result = subprocess.run(
+        [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", str(BIN / "ardiff"),
+         "rollout", str(path), "-q", "--json", "stats.json"], cwd=tmp_path,
+        capture_output=True, text=True, timeout=WAIT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    error = "rank 1: session 'stream-1' block 3: generate_block raised RankFault: injected at " \
+            "block 3 on rank 1"
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert lines == [f"error: {error}"], result.stderr
+    assert result.returncode == 1
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    jsonschema.validate(stats, STATS_SCHEMA)
+    assert (stats["status"], stats["error"]) == ("failed", error)
+    assert "<NO_OTHER_FAILURES>" in result.stderr  # rank 1 told rank 0 and ended with 0
+    assert f"traceback : {error}" in result.stderr
+
+
+@heavy
+@pytest.mark.skipif(not (BIN / "torchrun").exists(), reason="no torchrun")
+def test_under_torchrun_a_rank_stuck_loading_ends_the_job_within_timeout_s(tmp_path):
+    """Rank 1 never finishes loading: rank 0 stops waiting for it after timeout_s and says so
+    (it once read 'a peer left'); torchrun's SIGTERM then ends rank 1 at once, quietly (it
+    was taken for a rank in its rollout, and killed 30 s later)."""
+    path = write_config(tmp_path, fault="load_hang", on_rank=1,
+                        parallel={"launcher": "env", "timeout_s": 3})
+    started = time.monotonic()
+    result = subprocess.run(
+        [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", str(BIN / "ardiff"),
+         "rollout", str(path), "-q", "--json", "stats.json"], cwd=tmp_path,
+        capture_output=True, text=True, timeout=WAIT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    wall_s = time.monotonic() - started
+    error = ("rank 0: the other ranks did not all finish loading within "
+             "runtime.parallel.timeout_s (3 s); a pipeline that loads longer needs a larger one "
+             "(no result from rank 1)")
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert lines == [f"error: {error}"], result.stderr
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    jsonschema.validate(stats, STATS_SCHEMA)
+    assert stats["error"] == error
+    assert "forcefully exiting" not in result.stderr  # torchrun did not have to SIGKILL it
+    assert wall_s < 30 + 10, wall_s  # startup and timeout_s, not torchrun's 30 s grace

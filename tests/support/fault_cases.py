@@ -232,4 +232,9 @@ RANK_FAULTS = [
     RankFault("hung-rank-twice", "two SIGTERMs to `ardiff rollout` while a rank's block hangs",
               130, "interrupted", "every frame of the blocks each rank finished",
               r"^interrupted by SIGTERM$"),
+    # -- #25, round three: a rank stuck while it loads is failed within timeout_s.
+    RankFault("load-hang", "a rank hangs while it loads its pipeline (`timeout_s: 3`)", 1,
+              "failed", "(no video)",
+              r"^rank 1: no progress for 3 s while it loaded its pipeline "
+              r"\(runtime\.parallel\.timeout_s\); it was stopped \(stopped too: rank 0\)$"),
 ]

@@ -66,11 +66,11 @@ def ardiff_script() -> str:
 
 
 def run_in_pty(args: list[str], steps: list, cwd: Path, timeout_s: float = 60.0,
-               controlling: bool = False) -> PtyResult:
+               controlling: bool = False, env: dict[str, str] | None = None) -> PtyResult:
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLS, 0, 0))
     env = {**os.environ, "TERM": "xterm-256color", "COLORTERM": "truecolor",
-           "COLUMNS": str(COLS), "LINES": str(ROWS), "OMP_NUM_THREADS": "1"}
+           "COLUMNS": str(COLS), "LINES": str(ROWS), "OMP_NUM_THREADS": "1", **(env or {})}
     process = subprocess.Popen([ardiff_script(), *args], stdin=slave, stdout=slave,
                                stderr=slave, cwd=cwd, env=env, start_new_session=True,
                                preexec_fn=_take_the_terminal if controlling else None)
