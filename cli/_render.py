@@ -44,6 +44,45 @@ def print_spec_report(report: SpecReport) -> None:
     if spec.cross_attention:
         console.print(cross)
     console.print(window, _memory_table(report))
+    if report.weights is not None:
+        console.print(_weights_table(report))
+    if report.model_layout is not None:
+        console.print(f"model folder: {report.model_layout} layout", soft_wrap=True)
+    if report.fit is not None:
+        console.print(*_fit_lines(report), sep="\n", soft_wrap=True)
+    elif report.weights is not None:
+        console.print("fit: unknown; give --device-memory SIZE (e.g. 24GiB) to check a device",
+                      soft_wrap=True)
+
+
+def _weights_table(report: SpecReport) -> Table:
+    """Each part of the weights, its bytes in the run's dtype and where it lives."""
+    weights = report.weights
+    assert weights is not None
+    table = _table(f"Weights ({report.plan.dtype} run)", "part", "bytes",
+                   "device")
+    for name, num_bytes in weights.parts.items():
+        device = weights.devices[name]
+        table.add_row(name, _size(num_bytes),
+                      "auto (the device's memory decides)" if device == "auto" else device)
+    table.add_row(f"on {weights.run_device}", _size(weights.device_bytes), "")
+    table.add_row("total", _size(weights.total_bytes), "")
+    return table
+
+
+def _fit_lines(report: SpecReport) -> tuple[str, str]:
+    """`fits in 24GiB: yes` and what it needs: weights + KV plan + margin."""
+    fit = report.fit
+    assert fit is not None
+    return (f"fits in {_size(fit.memory_bytes)}: {'yes' if fit.fits else 'no'}",
+            f"  needs {_size(fit.needed_bytes)}: weights on {report.device} "
+            f"{_size(fit.weight_bytes)} + KV plan {_size(fit.kv_bytes)} + "
+            f"margin for activations {_size(fit.margin_bytes)}")
+
+
+def _size(num_bytes: int) -> str:
+    """format_bytes, with one decimal of GiB above 10GiB too: a fit can turn on 0.1GiB."""
+    return format_bytes(num_bytes) if num_bytes < 2**30 else f"{num_bytes / 2**30:.1f}GiB"
 
 
 def _policy(reset_at_boundary: bool) -> str:

@@ -9,7 +9,14 @@ the warmup (set `ar_diffusion_warmup_requests = None` for none) and no declared 
 (`ar_diffusion_input_paths`: what `load` reads, which no output may be). ardiff checks methods,
 never this class: a pipeline written from the upstream contract alone loads just the same.
 Hooks ardiff also looks for, with no default here: `compile_layers`, `action_names`,
-`bind_ar_diffusion_parallel`, `video_frames_per_latent_frame`, `reference_loop` (bench).
+`bind_ar_diffusion_parallel`, `video_frames_per_latent_frame`, `reference_loop` (bench), and
+for the weights beside the KV plan (docs/writing-a-pipeline.md#weights-and-where-they-live):
+
+    weight_bytes(dtype: str) -> Mapping[str, int]       bytes per part in the run's dtype,
+                                                       from configs (before load: no weights)
+    place_weights(device: str, fits) -> Mapping[str, str]   each part's device, given
+                                                       fits(parts) -> bool; kept for load
+    model_layout: str                                  the folder layout it loads (shown)
 """
 
 from __future__ import annotations

@@ -135,9 +135,11 @@ def build_pipeline(config: PipelineConfig, base_dir: Path) -> ARDiffusionPipelin
     try:
         pipeline: ARDiffusionPipeline = factory(**config.args)  # its methods: checked below
     except Exception as exc:
+        # a typed error is the pipeline's own one line, its fix at the end: shown whole
+        text = str(exc) if isinstance(exc, ArdiffError) else shorten(str(exc))
         raise PipelineLoadError(f"pipeline: constructing {short_repr(config.entry)} with args "
                                 f"{short_repr(config.args)} raised {type(exc).__name__}: "
-                                f"{shorten(str(exc))}{args_base_note(exc)}") from exc
+                                f"{text}{args_base_note(exc)}") from exc
     missing = missing_pipeline_methods(pipeline)
     if missing:
         raise PipelineLoadError(f"pipeline: {short_repr(config.entry)} built a "

@@ -20,7 +20,7 @@ class PageTable:
     def __init__(self, policy: WindowPolicy) -> None:
         self.policy = policy
         self.num_committed_frames = 0
-        self.version = 0  # changes whenever the kept frames change (commit, replace, release)
+        self.version = 0  # changes whenever the kept frames change (commit, release)
         self._sink: list[FramePages] = []               # frame i is _sink[i]
         self._recent: deque[tuple[int, FramePages]] = deque()  # (frame index, pages)
 
@@ -56,27 +56,6 @@ class PageTable:
         while len(self._recent) > keep:
             evicted.extend(self._recent.popleft()[1])
         return evicted
-
-    def frames_before(self, frame_index: int) -> list[FramePages]:
-        """Page ids of the kept frames before `frame_index`, in order (what a recache reads)."""
-        kept = zip(self.visible_frames, self.visible_pages)
-        return [pages for index, pages in kept if index < frame_index]
-
-    def replace(self, start_frame: int, frames: list[FramePages]) -> list[int]:
-        """Give kept frames `start_frame, start_frame + 1, ...` new pages; return the old page
-        ids. Commits nothing, evicts nothing. Every frame must be kept (the caller checks)."""
-        old: list[int] = []
-        for index, pages in enumerate(frames, start_frame):
-            if self.policy.is_sink(index):
-                old.extend(self._sink[index])
-                self._sink[index] = pages
-            else:
-                at = index - self._recent[0][0]
-                assert self._recent[at][0] == index, "recent frames are consecutive"
-                old.extend(self._recent[at][1])
-                self._recent[at] = (index, pages)
-        self.version += 1
-        return old
 
     def release(self) -> list[int]:
         """Forget everything; return every page id the table held."""

@@ -100,7 +100,7 @@ def test_no_cross_attention_table_without_caches(invoke, tiny_config):
 
 def test_json_has_exactly_the_stable_keys(cli, tiny_config):
     data = as_json(cli("inspect-spec", tiny_config(), "--json"))
-    assert set(data) == {"spec", "effective", "memory"}
+    assert set(data) == {"spec", "effective", "memory"}  # no weights, no fit: none declared
     assert set(data["effective"]) == EFFECTIVE_KEYS
     assert set(data["memory"]) == MEMORY_KEYS
     assert data["spec"]["kv_branches"] == [{"name": "main", "local_index": 0}]
@@ -177,6 +177,113 @@ def test_wan_example(cli):
     assert memory["session_capacity"] == 4
     tables = cli("inspect-spec", REPO / "examples" / "wan_spec_only.yaml")
     assert tables.exit_code == 0 and "Memory plan (bfloat16" in tables.stdout
+
+
+# ---- weights beside the plan (#24) ---------------------------------------------------------
+# spec_pipelines.WeightedPipeline planned for cuda (bfloat16, no GPU needed: the memory is
+# given): KV 6,912 bytes (4 sessions of 1,536 + 768 shared); weights model 20,000 and
+# encoder 30,000 bytes; the margin ACTIVATION_MARGIN_BYTES (3GiB).
+MARGIN = 3 * 2**30
+KV16, MODEL16, ENCODER16 = 6_912, 20_000, 30_000
+
+
+def weighted(invoke, tiny_config, memory: int | None, *args: str) -> dict:
+    flags = ("--device-memory", str(memory)) if memory is not None else ()
+    return as_json(invoke("inspect-spec", tiny_config("WeightedPipeline"), "--json",
+                          "--device", "cuda", *flags, *args))
+
+
+def test_weights_and_the_fit_in_json(invoke, tiny_config):
+    data = weighted(invoke, tiny_config, MARGIN + MODEL16 + ENCODER16 + KV16)
+    assert data["weights"] == {"parts": {"model": {"bytes": MODEL16, "device": "cuda"},
+                                         "encoder": {"bytes": ENCODER16, "device": "cuda"}},
+                               "device_bytes": MODEL16 + ENCODER16,
+                               "total_bytes": MODEL16 + ENCODER16}
+    assert data["fit"] == {"memory_bytes": MARGIN + MODEL16 + ENCODER16 + KV16,
+                           "weight_bytes": MODEL16 + ENCODER16, "kv_bytes": KV16,
+                           "margin_bytes": MARGIN,
+                           "needed_bytes": MARGIN + MODEL16 + ENCODER16 + KV16, "fits": True}
+    assert data["memory"]["total_bytes"] == KV16
+
+
+def test_a_part_that_does_not_fit_moves_as_the_pipeline_says(invoke, tiny_config):
+    data = weighted(invoke, tiny_config, MARGIN + MODEL16 + ENCODER16 + KV16 - 1)
+    assert data["weights"]["parts"]["encoder"]["device"] == "cpu"
+    assert data["weights"]["device_bytes"] == MODEL16
+    assert (data["fit"]["needed_bytes"], data["fit"]["fits"]) == (MARGIN + MODEL16 + KV16, True)
+    data = weighted(invoke, tiny_config, MARGIN + MODEL16 + KV16 - 1)
+    assert data["weights"]["parts"]["encoder"]["device"] == "cpu"
+    assert data["fit"]["fits"] is False
+
+
+def test_a_fraction_budget_plans_with_the_memory_the_weights_leave(invoke, tiny_config):
+    memory = MARGIN + MODEL16 + ENCODER16 + 100_000
+    data = weighted(invoke, tiny_config, memory, "--budget", "0.5")
+    assert data["weights"]["device_bytes"] == MODEL16 + ENCODER16
+    assert data["memory"]["budget_bytes"] == (memory - MODEL16 - ENCODER16) // 2
+
+
+def test_the_memory_unknown_leaves_auto_and_no_fit(invoke, tiny_config):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here: its free memory is measured")
+    data = weighted(invoke, tiny_config, None)
+    assert data["weights"]["parts"]["encoder"]["device"] == "auto" and "fit" not in data
+    text = invoke("inspect-spec", tiny_config("WeightedPipeline"), "--device", "cuda")
+    assert "auto (the device's memory decides)" in text.stdout
+    assert "fit: unknown; give --device-memory SIZE (e.g. 24GiB) to check a device" in text.stdout
+
+
+def test_on_this_machine_the_free_memory_is_the_device_memory(invoke, tiny_config):
+    data = as_json(invoke("inspect-spec", tiny_config("WeightedPipeline"), "--json"))
+    assert data["fit"]["memory_bytes"] > 0 and data["fit"]["kv_bytes"] == 13_824
+
+
+def test_weights_and_the_fit_as_tables(invoke, tiny_config):
+    result = invoke("inspect-spec", tiny_config("WeightedPipeline"), "--device", "cuda",
+                    "--device-memory", str(MARGIN + MODEL16 + KV16 - 1))
+    assert result.exit_code == 0, result.stderr
+    assert "Weights (bfloat16 run)" in result.stdout
+    assert re.search(r"encoder\W+29KiB\W+cpu", result.stdout)
+    assert "fits in 3.0GiB: no\n  needs 3.0GiB: weights on cuda 20KiB + KV plan 6.8KiB + " \
+           "margin for activations 3.0GiB\n" in result.stdout
+
+
+def test_a_pipeline_without_weights_still_gets_a_fit(invoke, tiny_config):
+    data = as_json(invoke("inspect-spec", tiny_config(), "--json", "--device-memory", "4GiB"))
+    assert "weights" not in data
+    assert data["fit"]["weight_bytes"] == 0 and data["fit"]["fits"] is True
+
+
+@pytest.mark.parametrize("memory", ["24GiB", "23.5GiB"])
+def test_self_forcing_on_a_24gb_card(cli, memory):
+    """docs/causal-wan.md's worked example, in a folder with Wan2.1-1.3B's configs only: the
+    weights, the KV plan, and UMT5 on the GPU only if all of it and the margin fit (at
+    24GiB it does, by 0.06GiB, with the plan of 2026-12-02; at 23.5GiB it goes to the CPU)."""
+    pytest.importorskip("torch")
+    from ardiff.pipelines.causal_wan.make_tiny import SHAPES, write_configs
+
+    write_configs(Path("wan_models/Wan2.1-T2V-1.3B-Diffusers"), *SHAPES["wan2.1-1.3b"])
+    data = as_json(cli("inspect-spec", REPO / "configs" / "self-forcing.yaml", "--json",
+                       "--device-memory", memory))
+    parts, fit = data["weights"]["parts"], data["fit"]
+    sizes = {name: part["bytes"] for name, part in parts.items()}
+    assert sizes == {"transformer": 2_844_248_192, "text_encoder": 11_361_820_672,
+                     "vae": 253_785_062}
+    assert fit["kv_bytes"] == data["memory"]["total_bytes"] and fit["margin_bytes"] == MARGIN
+    on_gpu = sum(sizes.values()) + fit["kv_bytes"] + MARGIN <= fit["memory_bytes"]
+    assert parts["text_encoder"]["device"] == ("cuda" if on_gpu else "cpu")
+    assert on_gpu == (memory == "24GiB")
+    assert fit["weight_bytes"] == sum(sizes.values()) - (0 if on_gpu else sizes["text_encoder"])
+    assert fit["needed_bytes"] == fit["weight_bytes"] + fit["kv_bytes"] + MARGIN
+    assert fit["fits"] and data["model_layout"] == "diffusers"
+
+
+@pytest.mark.parametrize("value", ["lots", "0.8", "0"])
+def test_bad_device_memory_exits_2_with_one_line(invoke, tiny_config, value):
+    assert_one_line_error(invoke("inspect-spec", tiny_config(), "--device-memory", value), 2,
+                          f"error: --device-memory: '{value}' is not a size in bytes; give the "
+                          f"device's memory like 24GiB, 80GB or 25769803776")
 
 
 # ---- errors --------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""`state.recache`: kept frames re-committed at their own positions, paged (poisoned) = dense."""
+"""`state.recache`: committed frames re-run in one forward at their own positions; the kept ones
+rewritten, the evicted ones context only; paged (poisoned) = dense, and both = attention by hand."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from kvdrive import CFG_BRANCHES, InjectedFailure, Lockstep, check_pool, make_spec
 
 from ardiff.errors import KVStateError
+from ardiff.kv.attention import attend
 from ardiff.kv.state import open_state
 
 
@@ -22,54 +24,75 @@ def stored_kv(cache, session_id: str, branch: str, layer: int) -> tuple[torch.Te
     return storage.read(layer, storage.frames_address(kv.table.visible_pages))
 
 
+def frame_rows(kept: list[int], frames: list[int], tpf: int) -> torch.Tensor:
+    """Rows of `frames` among the stored K/V of `kept` (kept order)."""
+    return torch.tensor([kept.index(f) * tpf + t for f in frames for t in range(tpf)],
+                        dtype=torch.long)
+
+
 def recache(lock: Lockstep, session_id: str, branch: str, start: int, num_frames: int,
             fail_after: int | None = None) -> None:
-    """One recache on both caches; every attend compared, visibility checked by docs/design.md#3-what-a-block-sees."""
+    """One recache on both caches, checked three ways: paged = dense per attend; each
+    attend = attention by hand over [stored K/V of the kept frames before `start` | all of
+    its own k/v] (no mask); after it, the kept frames of the range hold its k/v, the rest
+    of the history is as it was."""
+    spec, tpf = lock.spec, lock.spec.tokens_per_frame
+    kept = lock.model(session_id, branch).visible
+    before = {c.backend_name: [stored_kv(c, session_id, branch, layer)
+                               for layer in range(spec.num_layers)] for c in lock.caches}
+    seen = [f for f in kept if f < start]
+    rewritten = [f for f in kept if start <= f < start + num_frames]
     states = [open_state(cache, session_id) for cache in lock.caches]
-    model = lock.model(session_id, branch)
+    written: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     try:
         with contextlib.ExitStack() as stack:
             pair = [stack.enter_context(st.recache(branch, start, num_frames)) for st in states]
             for blk in pair:
-                assert blk.start_frame == start
-                assert blk.visible_frames == [f for f in model.visible if f < start]
-            for attends, layer in enumerate(lock.rng.sample(range(lock.spec.num_layers),
-                                                            lock.spec.num_layers)):
+                assert (blk.start_frame, blk.visible_frames) == (start, seen)
+            for attends, layer in enumerate(lock.rng.sample(range(spec.num_layers),
+                                                            spec.num_layers)):
                 if attends == fail_after:
                     raise InjectedFailure
-                lock._attend(pair, layer, num_frames)
+                args = lock.inputs.attend_args(num_frames)
+                outs = [blk.attend(layer, **args) for blk in pair]
+                old_k, old_v = before["dense"][layer]
+                rows = frame_rows(kept, seen, tpf)
+                keys = [old_k[rows], args["k"]] + [args[e] for e in ("extra_k",) if e in args]
+                values = [old_v[rows], args["v"]] + [args[e] for e in ("extra_v",) if e in args]
+                expected = attend(args["q"], torch.cat(keys), torch.cat(values),
+                                  args.get("scale"))
+                assert not torch.isnan(outs[0]).any(), "paged attention read a poisoned page"
+                torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+                torch.testing.assert_close(outs[0], expected, rtol=1e-6, atol=1e-6)
+                own = torch.tensor([(f - start) * tpf + t for f in rewritten for t in range(tpf)],
+                                   dtype=torch.long)
+                written[layer] = (args["k"][own], args["v"][own])
             if fail_after is not None:
                 raise InjectedFailure
     finally:
         for state in states:
             state.close()
     check_pool(lock.paged)
+    for cache in lock.caches:
+        for layer in range(spec.num_layers):
+            old = before[cache.backend_name][layer]
+            now = stored_kv(cache, session_id, branch, layer)
+            changed = frame_rows(kept, rewritten if fail_after is None else [], tpf)
+            same = frame_rows(kept, [f for f in kept if f not in rewritten
+                                     or fail_after is not None], tpf)
+            for i in range(2):
+                torch.testing.assert_close(now[i][same], old[i][same], rtol=0, atol=0)
+                if len(changed):
+                    torch.testing.assert_close(now[i][changed], written[layer][i], rtol=0, atol=0)
 
 
-def recache_all(lock: Lockstep, session_id: str, branch: str) -> None:
-    """Every kept frame, chronologically, in runs of at most frames_per_block."""
-    kept, block = lock.model(session_id, branch).visible, lock.spec.frames_per_block
-    runs: list[list[int]] = []
-    for frame in kept:
-        if runs and runs[-1][-1] + 1 == frame and len(runs[-1]) < block:
-            runs[-1].append(frame)
-        else:
-            runs.append([frame])
-    for run in runs:
-        recache(lock, session_id, branch, run[0], len(run))
-
-
-def check_same_history(lock: Lockstep, session_id: str, branches: list[str]) -> None:
-    for branch in branches:
-        n = lock.model(session_id, branch).n
-        for cache in lock.caches:
-            state = open_state(cache, session_id)
-            assert state.num_committed_frames(branch) == n
-            assert state.kept_frames(branch) == lock.model(session_id, branch).visible
-            state.close()
-        for layer in range(lock.spec.num_layers):
-            paged, dense = (stored_kv(c, session_id, branch, layer) for c in lock.caches)
-            torch.testing.assert_close(paged, dense, rtol=0, atol=0)
+def longlive_range(lock: Lockstep, session_id: str, branch: str) -> tuple[int, int]:
+    """LongLive's switch at T committed frames (sink S, window W): frames [0, T) while
+    T <= S + W, else the last W frames (the sink before them keeps its K/V)."""
+    spec, n = lock.spec, lock.model(session_id, branch).n
+    if n <= spec.sink_frames + spec.window_frames:
+        return 0, n
+    return n - spec.window_frames, spec.window_frames
 
 
 CASES = [  # (sink, window, frames_per_block, tokens_per_frame, page_tokens, cfg, registers)
@@ -98,36 +121,32 @@ def test_recache_matches_dense_and_later_blocks_read_the_new_kv(case, reset_at_b
             lock.probe("s", [branch], steps=rng.randint(0, 1))
             lock.commit("s", [branch])
             used = lock.paged.pool.num_used
-            if rng.random() < 0.5:
-                recache_all(lock, "s", branch)
-            elif lock.model("s", branch).visible:  # one partial run somewhere in the kept frames
-                frame = rng.choice(lock.model("s", branch).visible)
-                recache(lock, "s", branch, frame, 1)
-            assert lock.paged.pool.num_used == used  # swapped, not added
-        check_same_history(lock, "s", branches)
-    lock.release("s")
-    assert lock.paged.pool.num_used == 0
+            model = lock.model("s", branch)
+            choice = rng.random()
+            start, count = longlive_range(lock, "s", branch)
+            if choice < 0.4 and any(start <= f < start + count for f in model.visible):
+                recache(lock, "s", branch, start, count)  # (tumbling: may keep only the sink)
+            elif choice < 0.8 and model.visible:  # a committed range with a kept frame
+                frame = rng.choice(model.visible)
+                start = rng.randint(0, frame)
+                recache(lock, "s", branch, start, rng.randint(frame - start + 1, model.n - start))
+            assert lock.paged.pool.num_used == used  # no page changes hands
+        # later blocks read what the recaches wrote, through both caches (compared per attend)
+        lock.probe("s", branches)
 
 
-def test_recache_replaces_the_frames_and_nothing_else():
-    spec = make_spec(num_layers=2, tokens_per_frame=3, frames_per_block=2, window_frames=6,
-                     sink_frames=2)
+def test_a_recache_past_the_window_rewrites_the_kept_frames_and_protects_the_sink():
+    """LongLive's switch at frame 15 (sink 3, window 9, blocks of 3): frames 6..14 re-run,
+    6..8 (evicted) are context, 9..14 rewritten, the sink 0..2 read as it was."""
+    spec = make_spec(num_layers=2, tokens_per_frame=3, frames_per_block=3, window_frames=9,
+                     sink_frames=3)
     lock = Lockstep(spec, page_tokens=2, seed=3)
     for _ in range(5):
-        lock.commit("s", ["main"])  # 10 frames, kept 0, 1, 6..9
-    before = {c.backend_name: [stored_kv(c, "s", "main", layer) for layer in range(2)]
-              for c in lock.caches}
-    recache(lock, "s", "main", 6, 2)
-    tpf = spec.tokens_per_frame
-    changed = slice(2 * tpf, 4 * tpf)  # frames 6, 7: the 3rd and 4th kept frames
-    for cache in lock.caches:
-        for layer in range(2):
-            old, new = before[cache.backend_name][layer], stored_kv(cache, "s", "main", layer)
-            for o, n in zip(old, new):
-                assert not torch.equal(o[changed], n[changed])
-                torch.testing.assert_close(o[:changed.start], n[:changed.start], rtol=0, atol=0)
-                torch.testing.assert_close(o[changed.stop:], n[changed.stop:], rtol=0, atol=0)
-    check_same_history(lock, "s", ["main"])
+        lock.commit("s", ["main"])
+    assert lock.model("s", "main").visible == [0, 1, 2, 9, 10, 11, 12, 13, 14]
+    assert longlive_range(lock, "s", "main") == (6, 9)
+    recache(lock, "s", "main", 6, 9)
+    lock.commit("s", ["main"])  # the next block agrees on both caches
 
 
 @pytest.mark.parametrize("after", [0, 1, 2])
@@ -137,15 +156,10 @@ def test_a_failed_recache_changes_nothing_and_leaks_no_page(after):
     lock = Lockstep(spec, page_tokens=2, seed=after)
     for _ in range(3):
         lock.commit("s", ["main"])
-    before = [stored_kv(lock.paged, "s", "main", layer) for layer in range(2)]
     used = lock.paged.pool.num_used
     with pytest.raises(InjectedFailure):
-        recache(lock, "s", "main", 4, 2, fail_after=after)
+        recache(lock, "s", "main", 2, 4, fail_after=after)  # checks nothing changed
     assert lock.paged.pool.num_used == used
-    for layer, (k, v) in enumerate(before):
-        torch.testing.assert_close(stored_kv(lock.paged, "s", "main", layer), (k, v),
-                                   rtol=0, atol=0)
-    check_same_history(lock, "s", ["main"])
     lock.commit("s", ["main"])  # later blocks still agree
 
 
@@ -162,24 +176,27 @@ def state():
 
 
 @pytest.mark.parametrize("start, num_frames, message", [
-    (2, 2, r"recache on branch 'positive': frames 2..3 are not all kept \(frames 2..3 are not; "
-           r"kept: 0, 4..5\); a recache re-commits frames the branch still holds: pick them "
-           r"from state.kept_frames\('positive'\)"),
-    (5, 2, r"frames 5..6 are not all kept \(frames 6 are not; kept: 0, 4..5\)"),
-    (0, 2, r"frames 0..1 are not all kept \(frames 1 are not; kept: 0, 4..5\)"),
-    (-1, 1, r"frames -1 are not all kept"),
+    (5, 2, r"recache on branch 'positive': frames 5..6 are not all committed \(committed: "
+           r"0..5\); a recache re-runs frames the branch has made"),
+    (-1, 2, r"frames -1..0 are not all committed"),
+    (1, 3, r"recache on branch 'positive': none of frames 1..3 is kept \(kept: 0, 4..5\); a "
+           r"recache rewrites kept frames: include one of state.kept_frames\('positive'\)"),
+    (2, 1, r"none of frames 2 is kept"),
     ("0", 1, r"recache: start_frame='0' is not a frame index; pass an int from "
              r"state.kept_frames\('positive'\)"),
-    (4, 3, r"recache: num_frames=3 is out of range 1..frames_per_block=2"),
+    (4, 0, r"recache: num_frames=0 is not a frame count; pass an int >= 1"),
+    (4, True, r"recache: num_frames=True is not a frame count"),
 ])
-def test_recache_of_frames_not_kept_is_refused(state, start, num_frames, message):
+def test_recache_of_frames_not_committed_or_none_kept_is_refused(state, start, num_frames,
+                                                                 message):
     with pytest.raises(KVStateError, match=message):
         with state.recache("positive", start, num_frames):
             pass
 
 
 def test_recache_of_an_empty_branch_is_refused(state):
-    with pytest.raises(KVStateError, match=r"frames 0..1 are not all kept .*kept: none"):
+    with pytest.raises(KVStateError, match=r"frames 0..1 are not all committed \(committed: "
+                                           r"none\)"):
         with state.recache("negative", 0):
             pass
 
@@ -203,5 +220,13 @@ def test_recache_follows_the_block_rules(state):
                                            r"every layer once"):
         with state.recache("positive", 4) as blk:
             blk.attend(0, k, k, k)
+    k6 = torch.zeros(18, 2, 8)  # frames 0..5 in one forward: more than frames_per_block
+    with state.recache("positive", 0, 6) as blk:
+        assert blk.visible_frames == []
+        with pytest.raises(KVStateError, match=r"k has shape \(6, 2, 8\); expected "
+                                               r"\[num_frames \* tokens_per_frame"):
+            blk.attend(0, k6, k, k)
+        blk.attend(0, k6, k6, k6)
+        blk.attend(1, k6, k6, k6)
     assert state.num_committed_frames("positive") == 6
     assert state.kept_frames("positive") == [0, 4, 5]

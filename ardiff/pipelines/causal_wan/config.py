@@ -1,42 +1,34 @@
-"""The causal-Wan pipeline's arguments, and the model shapes read from the diffusers configs.
+"""The causal-Wan pipeline's arguments, and the model shapes read from the model configs.
 
-    model_dir/                      (the diffusers layout of Wan2.1-T2V)
+    model_dir/                      (the diffusers layout of Wan2.1-T2V; Wan's: layouts.py)
       transformer/config.json       read here, with the json module only
       vae/config.json               read here, with the json module only
       transformer/*.safetensors, vae/, text_encoder/, tokenizer/   read by `load()`
 
-Construction reads the two config files and nothing else, so `inspect-spec` needs no
+Construction reads the two config files (layouts.py: in Wan's layout, config.json and
+the VAE's tensor shapes) and nothing else, so `inspect-spec` needs no
 weights and no diffusers. Every shape of the KV spec comes from them and the resolution.
 """
 
 from __future__ import annotations
 
-import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ardiff.dtypes import DTYPE_BYTES
 from ardiff.errors import ConfigError, PipelineLoadError
+from ardiff.pipelines.causal_wan.layouts import (
+    DIFFUSERS,
+    detect_layout,
+    transformer_config,
+    vae_config,
+)
 from ardiff.pipelines.causal_wan.presets import Preset, get_preset
 
-TRANSFORMER_CONFIG = "transformer/config.json"
-VAE_CONFIG = "vae/config.json"
+TEXT_ENCODER_DEVICES = r"auto|cpu|cuda(:[0-9]+)?"
 DEFAULT_ROPE_FRAMES = 1024  # diffusers' rope_max_seq_len default: rows of the rotary tables
-
-
-def read_json(model_dir: Path, relative: str) -> dict[str, Any]:
-    """One config file of the model folder; a missing or broken file is one-line error."""
-    path = model_dir / relative
-    if not path.is_file():
-        raise PipelineLoadError(f"pipeline.args.model_dir: {str(path)!r} does not exist; give a "
-                                f"folder in the diffusers layout (transformer/, vae/, "
-                                f"text_encoder/, tokenizer/)")
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise PipelineLoadError(f"pipeline.args.model_dir: cannot read {str(path)!r} "
-                                f"({type(exc).__name__}: {exc})") from None
 
 
 def _require(config: dict[str, Any], key: str, path: Path) -> Any:
@@ -58,9 +50,8 @@ class TransformerShape:
     rope_frames: int
 
     @classmethod
-    def read(cls, model_dir: Path) -> TransformerShape:
-        config = read_json(model_dir, TRANSFORMER_CONFIG)
-        path = model_dir / TRANSFORMER_CONFIG
+    def read(cls, model_dir: Path, layout: str = DIFFUSERS) -> TransformerShape:
+        config, path = transformer_config(model_dir, layout)
         for key in ("image_dim", "added_kv_proj_dim"):
             if config.get(key) is not None:
                 raise PipelineLoadError(f"pipeline.args.model_dir: {str(path)!r} sets {key}="
@@ -85,9 +76,8 @@ class VaeShape:
     temporal_downsample: tuple[bool, ...]
 
     @classmethod
-    def read(cls, model_dir: Path) -> VaeShape:
-        config = read_json(model_dir, VAE_CONFIG)
-        path = model_dir / VAE_CONFIG
+    def read(cls, model_dir: Path, layout: str = DIFFUSERS) -> VaeShape:
+        config, path = vae_config(model_dir, layout)
         if config.get("is_residual") or config.get("patch_size") is not None:
             raise PipelineLoadError(f"pipeline.args.model_dir: {str(path)!r} is a Wan2.2 VAE "
                                     f"(is_residual / patch_size set); causal-wan decodes with "
@@ -114,6 +104,7 @@ class CausalWanConfig:
     """The pipeline arguments, validated, with the model shapes they point at."""
 
     model_dir: Path
+    layout: str  # layouts.DIFFUSERS or layouts.WAN: which folder layout model_dir has
     preset: Preset
     transformer: TransformerShape
     vae: VaeShape
@@ -131,6 +122,7 @@ class CausalWanConfig:
     cfg: bool
     vae_dtype: str
     session_capacity: int
+    text_encoder_device: str = "auto"
 
     @property
     def latent_height(self) -> int:
@@ -171,11 +163,14 @@ def build_config(model_dir: str, generator_ckpt: str | None = None, use_ema: boo
                  frames_per_block: int = 3, window_frames: int | None = None,
                  sink_frames: int | None = None, text_len: int = 512,
                  denoising_steps: list[int] | None = None, cfg: bool = False,
-                 vae_dtype: str = "bfloat16", session_capacity: int = 4) -> CausalWanConfig:
+                 vae_dtype: str = "bfloat16", session_capacity: int = 4,
+                 shift: float | None = None, warp: bool | None = None,
+                 text_encoder_device: str = "auto") -> CausalWanConfig:
     """Validate the pipeline arguments and read the shapes; raises one-line typed errors.
 
-        model_dir         the diffusers-layout folder (transformer/, vae/, text_encoder/,
-                          tokenizer/); relative paths are relative to the working directory
+        model_dir         Wan2.1-T2V in the Diffusers layout (transformer/, vae/,
+                          text_encoder/, tokenizer/) or Wan's own (layouts.py); relative
+                          paths are relative to the working directory
         generator_ckpt    a Self-Forcing / CausVid / LongLive `.pt` applied over transformer/
         use_ema           read its `generator_ema` (else `generator`); default: the preset's
         lora_ckpt         a LongLive LoRA merged at load; lora_alpha: default its rank
@@ -185,22 +180,30 @@ def build_config(model_dir: str, generator_ckpt: str | None = None, use_ema: boo
         window_frames, sink_frames   default: the preset's (window counts the block itself)
         text_len          prompt tokens (Wan: 512)
         denoising_steps   replace the preset's steps (same scale: warped if the preset warps)
+        shift, warp       replace the preset's flow shift / whether its steps are warped
+                          (CausVid's warped 4-step: preset causvid, warp true, steps
+                          1000 750 500 250)
         cfg               declare positive / negative branches for guidance_scale > 1
         vae_dtype         the VAE's dtype, in which its decode cache is sized
         session_capacity  the spec's upper bound on resident sessions
+        text_encoder_device  auto | cpu | cuda | cuda:N: where UMT5 runs; auto: the run
+                          device if every model, the KV plan and ardiff's activation margin
+                          fit its memory there, else cpu (pipeline.place_weights)
     """
-    recipe = get_preset(preset)
+    recipe = get_preset(preset).adjusted(shift=shift, warp=warp)
     root = _arg_path(model_dir)
-    transformer, vae = TransformerShape.read(root), VaeShape.read(root)
+    layout = detect_layout(root)
+    transformer, vae = TransformerShape.read(root, layout), VaeShape.read(root, layout)
     config = CausalWanConfig(
-        model_dir=root, preset=recipe, transformer=transformer, vae=vae, height=height,
-        width=width, frames_per_block=frames_per_block,
+        model_dir=root, layout=layout, preset=recipe, transformer=transformer, vae=vae,
+        height=height, width=width, frames_per_block=frames_per_block,
         window_frames=recipe.window_frames if window_frames is None else window_frames,
         sink_frames=recipe.sink_frames if sink_frames is None else sink_frames,
         text_len=text_len, use_ema=recipe.use_ema if use_ema is None else use_ema,
         denoising_steps=tuple(denoising_steps or recipe.denoising_steps),
         generator_ckpt=_optional_path(generator_ckpt), lora_ckpt=_optional_path(lora_ckpt),
-        lora_alpha=lora_alpha, cfg=cfg, vae_dtype=vae_dtype, session_capacity=session_capacity)
+        lora_alpha=lora_alpha, cfg=cfg, vae_dtype=vae_dtype, session_capacity=session_capacity,
+        text_encoder_device=text_encoder_device)
     _check(config)
     return config
 
@@ -232,6 +235,10 @@ def _check(c: CausalWanConfig) -> None:
     if c.vae_dtype not in DTYPE_BYTES:
         raise ConfigError(f"pipeline.args.vae_dtype: {c.vae_dtype!r} is not allowed; use one "
                           f"of {', '.join(DTYPE_BYTES)}")
+    if not (isinstance(c.text_encoder_device, str)
+            and re.fullmatch(TEXT_ENCODER_DEVICES, c.text_encoder_device)):
+        raise ConfigError(f"pipeline.args.text_encoder_device: {c.text_encoder_device!r} is not "
+                          f"allowed; use auto, cpu, cuda or cuda:N")
     if not all(isinstance(s, int) and 0 < s <= 1000 for s in c.denoising_steps):
         raise ConfigError(f"pipeline.args.denoising_steps: {list(c.denoising_steps)!r} must be "
                           f"integers in 1..1000, e.g. [1000, 750, 500, 250]")

@@ -32,7 +32,7 @@ def test_the_wan_1_3b_spec_at_480p(wan_configs, monkeypatch):
     assert spec.cross_attention_lengths == {"text": 512}
     assert [b.name for b in spec.kv_branches] == ["main"]
     assert spec.model_owned_state_bytes_per_session == (WAN_480P_CACHE_BYTES
-                                                        + 18 * WAN_480P_LATENT_FRAME_BYTES)
+                                                        + 21 * WAN_480P_LATENT_FRAME_BYTES)
 
 
 def test_presets_cfg_and_the_vae_dtype_shape_the_spec(wan_configs):
@@ -42,7 +42,7 @@ def test_presets_cfg_and_the_vae_dtype_shape_the_spec(wan_configs):
     assert [(b.name, b.local_index) for b in spec.kv_branches] == [("positive", 0),
                                                                    ("negative", 1)]
     assert spec.model_owned_state_bytes_per_session == (2 * WAN_480P_CACHE_BYTES
-                                                        + 9 * WAN_480P_LATENT_FRAME_BYTES)
+                                                        + 12 * WAN_480P_LATENT_FRAME_BYTES)
     assert CausalWan(model_dir=str(wan_configs)).video_frames_per_latent_frame == 4
 
 
@@ -61,8 +61,8 @@ def test_inspect_spec_reads_only_the_config_files(wan_configs, ardiff_main, writ
 
 
 @pytest.mark.parametrize("remove, message", [
-    ("transformer/config.json", r"transformer/config.json' does not exist; give a folder in "
-                                r"the diffusers layout"),
+    ("transformer/config.json", r"' is in neither Wan2.1 folder layout: the Diffusers one "
+                                r"\(Wan-AI/Wan2.1-T2V-1.3B-Diffusers\) lacks transformer/config"),
     ("vae/config.json", r"vae/config.json' does not exist"),
 ])
 def test_a_missing_config_file_is_named(wan_configs, remove, message):

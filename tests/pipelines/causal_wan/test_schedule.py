@@ -57,3 +57,37 @@ def test_an_unknown_preset_names_the_known_ones():
     with pytest.raises(ConfigError, match=r"^pipeline.args.preset: 'sf' is not a causal-Wan "
                                           r"preset; use one of self-forcing, causvid, longlive$"):
         get_preset("sf")
+
+
+def test_causvid_warped_4_step_at_shift_8_is_its_scheduler_s_numbers():
+    """CausVid's wan_causal_dmd_warp_4step_cfg2.yaml: steps 1000 750 500 250, warp, shift 8.
+    The numbers are what CausVid's FlowMatchScheduler(shift=8, sigma_min=0, extra_one_step)
+    gives for `cat(timesteps, [0])[1000 - step]` (and s / (1 + 7 s) at s = 1, .75, .5, .25)."""
+    preset = get_preset("causvid").adjusted(warp=True)
+    assert (preset.shift, preset.warp) == (8.0, True)
+    timesteps = preset.timesteps((1000, 750, 500, 250))
+    assert timesteps == pytest.approx([1000.0, 960.0, 888.8889, 727.2728], abs=1e-3)
+    assert [preset.table.sigma(t) for t in timesteps] == pytest.approx(
+        [1.0, 0.96, 0.888889, 0.727273], abs=1e-6)
+
+
+def test_shift_and_warp_replace_the_preset_s():
+    base = get_preset("self-forcing")
+    assert base.adjusted() == base
+    unwarped = base.adjusted(warp=False)
+    assert unwarped.timesteps() == [1000.0, 750.0, 500.0, 250.0]
+    assert base.adjusted(shift=8.0).timesteps() == pytest.approx(
+        [1000.0, 960.0, 888.8889, 727.2728], abs=1e-3)
+    assert base.adjusted(shift=8.0).name == "self-forcing"
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(shift=0), r"^pipeline.args.shift: 0 must be a finite number > 0, e.g. 5 "
+                    r"\(Self-Forcing, LongLive\) or 8 \(CausVid\)$"),
+    (dict(shift=float("nan")), r"^pipeline.args.shift: nan must be a finite number > 0"),
+    (dict(shift="8"), r"^pipeline.args.shift: '8' must be a finite number > 0"),
+    (dict(warp="yes"), r"^pipeline.args.warp: 'yes' must be true or false$"),
+])
+def test_a_bad_shift_or_warp_is_a_one_line_error(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        get_preset("causvid").adjusted(**changes)
