@@ -41,6 +41,16 @@ class BlockKV(Protocol):
     def abort(self) -> None: ...
 
 
+class RowKV(BlockKV, Protocol):
+    """A block that can be one row of a batched attend (what `BranchKV.begin` returns)."""
+
+    def keys_values(self, layer: int, k: torch.Tensor,
+                    v: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """[visible history | k] and the same of v, as pieces to concatenate in order
+        (a commit first stores k/v where its history will be)."""
+        ...
+
+
 class BranchKV(Protocol):
     """A backend's history of one branch of one session."""
 
@@ -89,8 +99,10 @@ class KVCacheBase(Generic[BranchT]):
         # One attention kernel for every block of this cache (ardiff.kv.kernels).
         self.kernel_name, self.attend_fn = kernels.select(self.device, self.torch_dtype,
                                                           plan.spec.head_size)
+        self.stacked_fn = kernels.stacked(self.kernel_name)  # its B-row form, if it has one
         self._sessions: dict[str, SessionKV[BranchT]] = {}
-        self._open_slots: dict[int, str] = {}
+        self._open_slots: dict[int, list[str]] = {}  # branches of the blocks open per slot
+        self.blocks_per_slot = 1  # how many one slot may hold: B while a batch enters its rows
 
     # -- backend hooks -------------------------------------------------------
     def new_branch(self, session_id: str, name: str) -> BranchT:
@@ -139,20 +151,104 @@ class KVCacheBase(Generic[BranchT]):
             self.release_branch(branch)
         self.cross.release(session_id)
 
-    # -- one block in flight per slot (in-flight pages are per slot) ---------
+    # -- one block in flight per slot (B, one per row, while a batch block enters) --
     def open_slot(self, slot: int, branch: str) -> None:
-        if slot in self._open_slots:
+        open_now = self._open_slots.setdefault(slot, [])
+        if len(open_now) >= self.blocks_per_slot:
             raise KVStateError(f"block on branch {branch!r}: a block on local slot {slot} "
-                               f"({self._open_slots[slot]!r}) is still open; close it first")
-        self._open_slots[slot] = branch
+                               f"({open_now[0]!r}) is still open; close it first")
+        open_now.append(branch)
 
     def close_slot(self, slot: int) -> None:
-        self._open_slots.pop(slot, None)
+        """One block of `slot` ended (each open is closed exactly once)."""
+        open_now = self._open_slots.get(slot)
+        if open_now:
+            open_now.pop()
+        if not open_now:
+            self._open_slots.pop(slot, None)
 
     def close(self) -> None:
         """Release every session. Safe to call twice."""
         for session_id in list(self._sessions):
             self.release_session(session_id)
+
+
+def attend_rows(cache: KVCacheBase[Any], rows: list[RowKV], layer: int, q: torch.Tensor,
+                k: torch.Tensor, v: torch.Tensor, extra_k: torch.Tensor | None,
+                extra_v: torch.Tensor | None, scale: float | None) -> torch.Tensor:
+    """Row i of q [B, q_tokens, q_heads, hs] attends to row i's [history | k[i] | extra[i]];
+    returns [B, q_tokens, q_heads, hs] (docs/design.md#batched-blocks).
+
+    Rows with the same key count go through the kernel's stacked form in one call (equal
+    to row-by-row attends: CPU's SDPA is bit-equal); a row alone in its key count, a
+    kernel without a stacked form, or a group past STACKED_MAX_BYTES goes row by row,
+    as the single attend does. Ragged histories are grouped, never padded (masked,
+    padded SDPA measured slower than the rows one by one)."""
+    keys, values = [], []
+    for row, kv in enumerate(rows):
+        row_keys, row_values = kv.keys_values(layer, k[row], v[row])
+        if extra_k is not None:
+            assert extra_v is not None, "TensorChecks.extra passes both or neither"
+            row_keys.append(extra_k[row])
+            row_values.append(extra_v[row])
+        keys.append(row_keys)
+        values.append(row_values)
+    if len(rows) == 1:  # the single attend's own call
+        return cache.attend_fn(q[0], torch.cat(keys[0]), torch.cat(values[0]), scale)[None]
+    groups = _stack_groups(cache, q, keys)
+    if len(groups) == 1:  # lockstep: one call over every row, no copy of its output
+        return _attend_stacked(cache, q, keys, values, scale)
+    outs: list[torch.Tensor] = [q] * len(rows)  # every entry replaced below
+    for group in groups:
+        if len(group) == 1:
+            (row,) = group
+            outs[row] = cache.attend_fn(q[row], torch.cat(keys[row]), torch.cat(values[row]),
+                                        scale)
+            continue
+        first, last = group[0], group[-1]
+        group_q = q[first:last + 1] if last - first + 1 == len(group) else \
+            q.index_select(0, torch.tensor(group, device=q.device))
+        group_out = _attend_stacked(cache, group_q, [keys[r] for r in group],
+                                    [values[r] for r in group], scale)
+        for i, row in enumerate(group):
+            outs[row] = group_out[i]
+    return torch.stack(outs)
+
+
+# A stacked group's K and V together stay under this (else it is split): past it the rows
+# gain nothing from one call (docs/performance.md) and the copy would cost B rows' memory.
+STACKED_MAX_BYTES = 64 << 20
+
+
+def _stack_groups(cache: KVCacheBase[Any], q: torch.Tensor,
+                  keys: list[list[torch.Tensor]]) -> list[list[int]]:
+    """Rows grouped by key count (in row order), each group cut to fit STACKED_MAX_BYTES;
+    every row alone when the kernel has no stacked form."""
+    if cache.stacked_fn is None:
+        return [[row] for row in range(len(keys))]
+    by_count: dict[int, list[int]] = {}
+    for row, pieces in enumerate(keys):
+        by_count.setdefault(sum(t.shape[0] for t in pieces), []).append(row)
+    groups = []
+    for count, rows in by_count.items():
+        row_bytes = 2 * count * q.element_size() * cache.spec.num_kv_heads * cache.spec.head_size
+        per_group = max(1, STACKED_MAX_BYTES // max(1, row_bytes))
+        groups += [rows[i:i + per_group] for i in range(0, len(rows), per_group)]
+    return groups
+
+
+def _attend_stacked(cache: KVCacheBase[Any], q: torch.Tensor, keys: list[list[torch.Tensor]],
+                    values: list[list[torch.Tensor]], scale: float | None) -> torch.Tensor:
+    """q [n, q_tokens, q_heads, hs] to n rows of equal key count, copied into one
+    [n, kv_tokens, kv_heads, hs] K and V (one copy, as each row's own concatenation)."""
+    assert cache.stacked_fn is not None, "grouped only where the kernel has a stacked form"
+    count = sum(t.shape[0] for t in keys[0])
+    shape = (len(keys), count, cache.spec.num_kv_heads, cache.spec.head_size)
+    k_rows, v_rows = q.new_empty(shape), q.new_empty(shape)
+    for row, (row_keys, row_values) in enumerate(zip(keys, values)):
+        torch.cat(row_keys, out=k_rows[row])
+        torch.cat(row_values, out=v_rows[row])
+    return cache.stacked_fn(q, k_rows, v_rows, scale)
 
 
 def create_cache(plan: KVPlan, backend: str = DEFAULT_BACKEND, device: str | torch.device = "cpu",

@@ -64,6 +64,28 @@ class TensorChecks:
         except (AttributeError, TypeError, IndexError, KeyError):  # the full checks say why
             return False
 
+    def accepts_rows(self, num_rows: int, num_frames: int, q: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor, extra_k: torch.Tensor | None,
+                     extra_v: torch.Tensor | None) -> bool:
+        """`accepts`' tensor checks for a batch's `[num_rows, ...]` tensors, every row at once
+        (rows share one shape, dtype and device); the block and layer rules are each row's."""
+        try:
+            shape = (num_rows, *self._block_shapes[num_frames])
+            q_shape = q.shape
+            ok = (k.shape == shape and v.shape == shape and len(q_shape) == 4
+                  and q_shape[0] == num_rows and q_shape[1] > 0 and q_shape[3] == shape[3]
+                  and q_shape[2] % shape[2] == 0
+                  and self._same(q) and self._same(k) and self._same(v))
+            if extra_k is None or not ok:
+                return ok and extra_v is None
+            e_shape = extra_k.shape
+            return (e_shape[0] == num_rows and e_shape[2:] == self._kv_tail
+                    and extra_v is not None and extra_v.shape == e_shape
+                    and 1 <= e_shape[1] <= self._max_registers
+                    and self._same(extra_k) and self._same(extra_v))
+        except (AttributeError, TypeError, IndexError, KeyError):  # the full checks say why
+            return False
+
     def _same(self, t: torch.Tensor) -> bool:
         """A torch.Tensor of the runtime dtype on the runtime device (on CPU, `is_cpu`:
         cheaper than building `t.device`)."""

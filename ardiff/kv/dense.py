@@ -111,10 +111,16 @@ class DenseBlock:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
                scale: float | None) -> torch.Tensor:
-        self.new_k[layer], self.new_v[layer] = k, v
-        keys = [self.branch.k[layer], k] + ([extra_k] if extra_k is not None else [])
-        values = [self.branch.v[layer], v] + ([extra_v] if extra_v is not None else [])
+        keys, values = self.keys_values(layer, k, v)
+        keys += [extra_k] if extra_k is not None else []
+        values += [extra_v] if extra_v is not None else []
         return self.branch.attend_fn(q, torch.cat(keys), torch.cat(values), scale)
+
+    def keys_values(self, layer: int, k: torch.Tensor,
+                    v: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """[history | k] and [history | v], to concatenate (the batched attend's rows)."""
+        self.new_k[layer], self.new_v[layer] = k, v
+        return [self.branch.k[layer], k], [self.branch.v[layer], v]
 
     def commit(self) -> None:
         layers = range(self.branch.spec.num_layers)
@@ -127,14 +133,21 @@ class DenseBlock:
 
 
 class DenseRecache(DenseBlock):
-    """Re-commits kept frames [start_frame, start_frame + num_frames): it sees the kept frames
-    before them, and its commit overwrites their rows (nothing appended, nothing evicted)."""
+    """Re-runs committed frames [start_frame, start_frame + num_frames): it sees the kept
+    frames before them and all of them; its commit overwrites the rows of those it keeps
+    (nothing appended, nothing evicted; evicted ones were context only)."""
 
     def __init__(self, branch: DenseBranch, start_frame: int, num_frames: int) -> None:
         super().__init__(branch, num_frames)
         self.start_frame = start_frame
         self.visible_frames = [f for f in branch.frames if f < start_frame]
         self._seen = branch.rows(self.visible_frames)
+        self._rewritten = [f for f in branch.frames
+                           if start_frame <= f < start_frame + num_frames]
+        tpf = branch.spec.tokens_per_frame
+        self._own_rows = torch.tensor([(f - start_frame) * tpf + t for f in self._rewritten
+                                       for t in range(tpf)], dtype=torch.long,
+                                      device=branch.k[0].device)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
@@ -147,7 +160,9 @@ class DenseRecache(DenseBlock):
         return self.branch.attend_fn(q, torch.cat(keys), torch.cat(values), scale)
 
     def commit(self) -> None:
-        branch = self.branch
-        rows = branch.rows(list(range(self.start_frame, self.start_frame + self.num_frames)))
-        branch.k = [k.index_copy(0, rows, self.new_k[i]) for i, k in enumerate(branch.k)]
-        branch.v = [v.index_copy(0, rows, self.new_v[i]) for i, v in enumerate(branch.v)]
+        branch, own = self.branch, self._own_rows
+        rows = branch.rows(self._rewritten)
+        branch.k = [k.index_copy(0, rows, self.new_k[i].index_select(0, own))
+                    for i, k in enumerate(branch.k)]
+        branch.v = [v.index_copy(0, rows, self.new_v[i].index_select(0, own))
+                    for i, v in enumerate(branch.v)]

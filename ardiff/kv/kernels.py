@@ -24,6 +24,9 @@ import torch
 from ardiff.kv import attention
 
 AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float | None], torch.Tensor]
+# The same over B rows of equal key count: q [B, q_tokens, q_heads, hs], k/v [B, kv_tokens,
+# kv_heads, hs] (the batched attend's stacked groups, ardiff.kv.backend.attend_rows).
+StackedAttendFn = AttendFn
 HALF = (torch.float16, torch.bfloat16)
 
 
@@ -48,6 +51,17 @@ def _flash_attn() -> AttendFn:
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                scale: float | None = None) -> torch.Tensor:
         out: torch.Tensor = flash_attn_func(q[None], k[None], v[None], softmax_scale=scale)[0]
+        return out
+
+    return attend
+
+
+def _flash_attn_stacked() -> StackedAttendFn:
+    flash_attn_func = importlib.import_module("flash_attn").flash_attn_func
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               scale: float | None = None) -> torch.Tensor:
+        out: torch.Tensor = flash_attn_func(q, k, v, softmax_scale=scale)
         return out
 
     return attend
@@ -95,6 +109,21 @@ def by_name(name: str) -> AttendFn:
 
 
 _loaded: dict[str, AttendFn] = {"sdpa": attention.attend}
+
+
+# Kernels that take B rows at once, by name. flashinfer's single prefill takes one
+# sequence (its batch prefill over paged K/V needs a plan per batch: not wired in), so a
+# cache on it attends row by row.
+STACKED: dict[str, Callable[[], StackedAttendFn]] = {
+    "sdpa": lambda: attention.attend_stacked,
+    "flash_attn": _flash_attn_stacked,
+}
+
+
+def stacked(name: str) -> StackedAttendFn | None:
+    """The B-row form of kernel `name`, or None if it has none (rows then go one by one)."""
+    load = STACKED.get(name)
+    return None if load is None else load()
 
 
 def select(device: torch.device, dtype: torch.dtype, head_size: int) -> tuple[str, AttendFn]:

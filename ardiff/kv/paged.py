@@ -5,7 +5,8 @@
                 as one `torch.cat` of views (a commit's attend also writes its k/v to the
                 in-flight pages) -> commit hands them to the page table, the window evicts
                 whole pages to the pool; a probe writes nothing and gives them back
-    a recache:  the in-flight pages take the kept frames' new k/v; the table swaps them in
+    a recache:  re-runs committed frames and copies the kept ones' new k/v into their pages
+                at its commit (paged_recache.py)
 
 The pool hands freed pages back last-first, so the next block gets the same pages and
 its cached addresses and views hold. Registers are stored only by `ardiff::paged_attend`
@@ -21,6 +22,7 @@ from ardiff.errors import KVStateError
 from ardiff.kv import ops
 from ardiff.kv.address import TokenAddress
 from ardiff.kv.backend import CacheStats, KVCacheBase
+from ardiff.kv.paged_recache import PagedRecache
 from ardiff.kv.plan import KVPlan
 from ardiff.kv.pool import PagePool
 from ardiff.kv.slots import Slot, StaticIndices
@@ -28,8 +30,8 @@ from ardiff.kv.storage import PagedStorage
 from ardiff.kv.table import FramePages, PageTable
 from ardiff.kv.window import WindowPolicy
 
-# What a branch's read address is built from: (table version, recache start, block pages).
-AddressKey = tuple[int, "int | None", tuple[FramePages, ...]]
+# What a branch's read address is built from: (table version, block pages).
+AddressKey = tuple[int, tuple[FramePages, ...]]
 
 
 class PagedKVCache(KVCacheBase["PagedBranch"]):
@@ -72,7 +74,9 @@ class PagedKVCache(KVCacheBase["PagedBranch"]):
         if page_ids is None:
             raise KVStateError(f"page pool exhausted allocating {num} {what} pages "
                                f"({self.pool.num_free} free of {self.pool.num_pages}); "
-                               f"more sessions or blocks are open than the plan allows")
+                               f"more sessions or blocks are open than the plan allows "
+                               f"(a batch of B sessions needs a plan for batch_rows >= B, "
+                               f"this one is for {self.plan.batch_rows})")
         return page_ids
 
     def free_pages(self, page_ids: list[int]) -> None:
@@ -109,15 +113,13 @@ class PagedBranch:
             self._visible = (self.table.version, self.table.visible_frames)
         return self._visible[1]
 
-    def block_address(self, block_frames: list[FramePages],
-                      before: int | None = None) -> BlockAddress:
-        """Where a block writes and reads. Rebuilt only when the table, `before` or the
-        block's pages changed: the probes and the commit of a block share one, and so do
-        the probes of later blocks until a commit (the pool hands the same pages back)."""
-        key = (self.table.version, before, tuple(block_frames))
+    def block_address(self, block_frames: list[FramePages]) -> BlockAddress:
+        """Where a block writes and reads. Rebuilt only when the table or the block's pages
+        changed: the probes and the commit of a block share one, and so do the probes of
+        later blocks until a commit (the pool hands the same pages back)."""
+        key = (self.table.version, tuple(block_frames))
         if self._read is None or self._read[0] != key:
-            history = self.table.visible_pages if before is None else \
-                self.table.frames_before(before)
+            history = self.table.visible_pages
             self._read = (key, BlockAddress(self.cache.storage, history, block_frames,
                                             self.slot.register_pages,
                                             self.cache.max_registers))
@@ -126,8 +128,8 @@ class PagedBranch:
     def begin(self, num_frames: int, commit: bool = True) -> PagedBlock:
         return PagedBlock(self, num_frames, commits=commit)
 
-    def begin_recache(self, start_frame: int, num_frames: int) -> PagedBlock:
-        return PagedBlock(self, num_frames, recache_at=start_frame)
+    def begin_recache(self, start_frame: int, num_frames: int) -> PagedRecache:
+        return PagedRecache(self, start_frame, num_frames)
 
 
 class BlockAddress:
@@ -188,28 +190,19 @@ class PagedBlock:
     """A block in flight: its pages, and the storage addresses it writes and reads through.
 
     Every attend reads [history | k/v | registers] by one concatenation; a commit's attend
-    (`commits`) first stores the block's k/v in its in-flight pages, a probe's does not.
+    (`commits`) first stores the block's k/v in its in-flight pages, a probe's does not."""
 
-    With `recache_at` set it re-commits kept frames `recache_at, ...` instead of appending:
-    it sees the kept frames before them, and its commit swaps its pages in for theirs."""
-
-    def __init__(self, branch: PagedBranch, num_frames: int,
-                 recache_at: int | None = None, commits: bool = True) -> None:
+    def __init__(self, branch: PagedBranch, num_frames: int, commits: bool = True) -> None:
         cache, plan = branch.cache, branch.cache.plan
         self.commits = commits
         self.cache, self.table, self.storage = cache, branch.table, cache.storage
-        self.recache_at = recache_at
-        kept = branch.visible_frames()
-        if recache_at is None:
-            self.start_frame, self.visible_frames = branch.table.num_committed_frames, kept
-        else:
-            self.start_frame = recache_at
-            self.visible_frames = [index for index in kept if index < recache_at]
+        self.start_frame = branch.table.num_committed_frames
+        self.visible_frames = branch.visible_frames()
         ppf = plan.pages_per_frame
         pages = cache.allocate_pages(num_frames * ppf, "in-flight")
         self.frames: list[FramePages] = [tuple(pages[i * ppf:(i + 1) * ppf])
                                          for i in range(num_frames)]
-        self.address = branch.block_address(self.frames, recache_at)
+        self.address = branch.block_address(self.frames)
         self.slot = branch.slot
         # Only a cache planned for `ardiff::paged_attend` (runtime.compile) loads its index
         # buffers: the eager path never reads them, and loading them costs ~4 copies a block.
@@ -219,8 +212,19 @@ class PagedBlock:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
                scale: float | None) -> torch.Tensor:
+        keys, values = self.keys_values(layer, k, v)
+        if extra_k is not None:
+            assert extra_v is not None, "TensorChecks.extra passes both or neither"
+            keys.append(extra_k)
+            values.append(extra_v)
+        return self.cache.attend_fn(q, torch.cat(keys), torch.cat(values), scale)
+
+    def keys_values(self, layer: int, k: torch.Tensor,
+                    v: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """[history | k] and [history | v] as pieces to concatenate, in order; a commit
+        first stores k/v in its in-flight pages (what becomes history), a probe does not."""
         address = self.address
-        if self.commits:  # what becomes history goes to the in-flight pages; a probe's not
+        if self.commits:
             views = address.block_views[layer]
             if views is None:
                 self.storage.write(layer, address.block, k, v)
@@ -228,12 +232,7 @@ class PagedBlock:
                 views[0].copy_(k)
                 views[1].copy_(v)
         keys, values = address.history_kv(layer)
-        keys, values = [*keys, k], [*values, v]
-        if extra_k is not None:
-            assert extra_v is not None, "TensorChecks.extra passes both or neither"
-            keys.append(extra_k)
-            values.append(extra_v)
-        return self.cache.attend_fn(q, torch.cat(keys), torch.cat(values), scale)
+        return [*keys, k], [*values, v]
 
     def traced_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,
@@ -260,12 +259,8 @@ class PagedBlock:
         return out
 
     def commit(self) -> None:
-        """Hand the in-flight pages to the table; free what the window evicts (a recache:
-        the recached frames' old pages)."""
-        if self.recache_at is None:
-            self._finish(self.table.commit(self.frames))
-        else:
-            self._finish(self.table.replace(self.recache_at, self.frames))
+        """Hand the in-flight pages to the table; free what the window evicts."""
+        self._finish(self.table.commit(self.frames))
 
     def abort(self) -> None:
         """Commit nothing: every in-flight page goes back to the pool."""

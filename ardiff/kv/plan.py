@@ -7,7 +7,7 @@ counts only its own):
 
     page_bytes     = 2 * page_tokens * num_kv_heads * head_size * dtype_bytes * num_layers
     history_pages  = local_branches * (S + max(0, W - B)) * pages_per_frame     per session
-    inflight_pages = local_branches * B * pages_per_frame                        shared
+    inflight_pages = batch_rows * local_branches * B * pages_per_frame           shared
     register_pages = local_branches * ceil(max_scratch_tokens / page_tokens)     shared
     cross_bytes    = sum 2 * local_branches * L * heads * head_size * dtype_bytes * layers
     required(c)    = page_bytes * (c * history_pages + inflight_pages + register_pages)
@@ -37,6 +37,7 @@ class KVPlan:
     budget_bytes: int
     session_capacity: int
     stores_registers: bool = True
+    batch_rows: int = 1  # blocks in flight per slot at once: the largest batch (ardiff.kv.batch)
 
     @property
     def pages_per_frame(self) -> int:
@@ -65,7 +66,7 @@ class KVPlan:
 
     @property
     def inflight_pages(self) -> int:
-        return self.spec.num_local_kv_branches * self.inflight_pages_per_branch
+        return self.batch_rows * self.spec.num_local_kv_branches * self.inflight_pages_per_branch
 
     @property
     def register_pages_per_branch(self) -> int:
@@ -122,14 +123,16 @@ def required_bytes(plan: KVPlan, num_sessions: int) -> int:
 
 def make_plan(spec: ARDiffusionKVCacheSpec, dtype: str, dtype_bytes: int, budget_bytes: int,
               page_tokens: int | None = None, max_sessions: int | None = None,
-              stores_registers: bool = True) -> KVPlan:
-    """Plan the largest session count that fits `budget_bytes`; raise `CapacityError` if none."""
+              stores_registers: bool = True, batch_rows: int = 1) -> KVPlan:
+    """Plan the largest session count that fits `budget_bytes`; raise `CapacityError` if none.
+    `batch_rows`: the most sessions one batched forward holds (each row a block in flight)."""
     page_tokens = spec.tokens_per_frame if page_tokens is None else page_tokens
     if page_tokens < 1:
         raise SpecError(f"runtime.kv.page_tokens: {page_tokens!r} is invalid; it must be > 0")
     limit = spec.session_capacity if max_sessions is None else min(spec.session_capacity,
                                                                    max_sessions)
-    plan = KVPlan(spec, dtype, dtype_bytes, page_tokens, budget_bytes, limit, stores_registers)
+    plan = KVPlan(spec, dtype, dtype_bytes, page_tokens, budget_bytes, limit, stores_registers,
+                  batch_rows)
     fits = _sessions_that_fit(plan)
     if fits < 1:
         raise CapacityError(_shortfall_message(plan))

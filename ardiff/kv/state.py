@@ -4,7 +4,7 @@
         out = blk.attend(layer, q, k, v)
     with state.block("main", commit=True) as blk:      # the commit: its K/V become history
         ...
-    with state.recache("main", start_frame=0) as blk:  # kept frames 0.. get new K/V
+    with state.recache("main", 0, 9) as blk:            # frames 0..8 re-run; kept ones rewritten
         ...
 
 This module checks every argument and the block lifecycle, then delegates storage to the
@@ -246,20 +246,23 @@ class KVState:
     @contextlib.contextmanager
     def recache(self, branch: str, start_frame: int,
                 num_frames: int | None = None) -> Iterator[Block]:
-        """Re-commit kept frames [start_frame, start_frame + n) of `branch` (n: num_frames,
-        default frames_per_block) at their own positions, e.g. under a new prompt.
+        """Re-run committed frames [start_frame, start_frame + n) of `branch` in one forward
+        at their own positions, e.g. under a new prompt (LongLive's KV recache). n:
+        num_frames, default frames_per_block; any count of committed frames.
 
         The block has `state.block`'s API and rules (`attend` once per layer, one block in
         flight per local slot, dead after its `with`). It attends to the kept frames before
-        `start_frame` (the sink's among them) plus itself: `visible_frames` lists them.
-        On a clean exit its K/V replace those frames' K/V; it commits no new frame, evicts
-        nothing and leaves `num_committed_frames` as it was. On an exception nothing changes.
-        Raises `KVStateError` unless every one of the n frames is kept on `branch` now."""
+        `start_frame` (`visible_frames`: a sink before the range keeps its K/V) plus all n
+        frames, with no mask among them. On a clean exit the frames of the range that
+        `branch` still keeps get their new K/V; the others (evicted) were context for the
+        forward only. It commits no new frame, evicts nothing and leaves
+        `num_committed_frames` as it was; on an exception nothing changes. Until its end
+        it holds the new K/V of the kept frames it rewrites (outside the page pool).
+        Raises `KVStateError` unless the n frames are committed and one of them is kept."""
         self.check_open()
-        num_frames = self._check_num_frames(num_frames, "recache")
         slot = self._session.claim_slot(branch)
         history: BranchKV = self._session.branch(branch)
-        self._check_kept(branch, history.kept_frames, start_frame, num_frames)
+        num_frames = self._check_recache(branch, history, start_frame, num_frames)
         self._cache.open_slot(slot, branch)
         try:
             kv = history.begin_recache(start_frame, num_frames)
@@ -314,18 +317,28 @@ class KVState:
         kv = self._session.branches.get(branch)
         return [] if kv is None else list(kv.kept_frames)
 
-    def _check_kept(self, branch: str, kept: list[int], start_frame: object,
-                    num_frames: int) -> None:
+    def _check_recache(self, branch: str, history: BranchKV, start_frame: object,
+                       num_frames: object) -> int:
+        """The recache's frame count, once its range is committed and holds a kept frame."""
         if not (isinstance(start_frame, int) and not isinstance(start_frame, bool)):
             raise KVStateError(f"recache: start_frame={start_frame!r} is not a frame index; "
                                f"pass an int from state.kept_frames({branch!r})")
-        wanted = list(range(start_frame, start_frame + num_frames))
-        missing = sorted(set(wanted) - set(kept))
-        if missing:
-            raise KVStateError(f"recache on branch {branch!r}: frames {_span(wanted)} are not "
-                               f"all kept (frames {_spans(missing)} are not; kept: "
-                               f"{_spans(kept)}); a recache re-commits frames the branch "
-                               f"still holds: pick them from state.kept_frames({branch!r})")
+        n = self.spec.frames_per_block if num_frames is None else num_frames
+        if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+            raise KVStateError(f"recache: num_frames={num_frames!r} is not a frame count; "
+                               f"pass an int >= 1")
+        committed, kept = history.num_committed_frames, history.kept_frames
+        frames = _span([start_frame, start_frame + n - 1][:1 if n == 1 else 2])
+        if start_frame < 0 or start_frame + n > committed:
+            done = f"0..{committed - 1}" if committed else "none"
+            raise KVStateError(f"recache on branch {branch!r}: frames {frames} are not "
+                               f"all committed (committed: {done}); a recache re-runs frames "
+                               f"the branch has made")
+        if not any(start_frame <= frame < start_frame + n for frame in kept):
+            raise KVStateError(f"recache on branch {branch!r}: none of frames {frames} "
+                               f"is kept (kept: {_spans(kept)}); a recache rewrites kept "
+                               f"frames: include one of state.kept_frames({branch!r})")
+        return n
 
     def _check_positions(self, branch: str, num_frames: int) -> None:
         """Positions are absolute: a block past `max_model_len` would index past the model's
