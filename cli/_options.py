@@ -35,6 +35,18 @@ WorkersOpt = typer.Option(None, "--workers", metavar="N",
                           help="Data-parallel replicas (processes): prompt i runs on i % N.")
 CfgParallelOpt = typer.Option(None, "--cfg-parallel", metavar="2",
                               help="2: run the two CFG branches on two ranks (1: off).")
+BatchOpt = typer.Option(None, "--batch", metavar="N|auto",
+                        help="Prompts advanced together, one forward per block for all (each "
+                        "its own file); auto: ardiff chooses.")
+
+
+def batch_value(text: Optional[str]) -> object:
+    """`--batch`: an integer where the text reads as one (the config checks its range), else
+    the text (`auto`, or a mistake the config names)."""
+    try:
+        return None if text is None else int(text)
+    except ValueError:
+        return text
 
 FIFO_WAIT_S = 5.0   # how long `--json FIFO` waits for a reader (to open it, then per write)
 FIFO_POLL_S = 0.05
@@ -98,12 +110,45 @@ def check_command_paths(run_config, config: Optional[Path], json_path: Optional[
     from ardiff.rollout.paths import check_rollout_paths
 
     files = [(flag, path) for flag, path in written if path is not None]
+    if json_path == "-":
+        _check_not_stdout(run_config, files, videos)
     if pipeline is None and (files or json_path not in (None, "-")):
         from ardiff.engine.loader import build_pipeline
 
         pipeline = build_pipeline(run_config.pipeline, run_config.base_dir)
     check_rollout_paths(run_config, None if videos else (), config_file=config,
                         stats_file=json_path, written=files, pipeline=pipeline)
+
+
+STDOUT_NAMES = ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
+
+
+def _check_not_stdout(run_config, files: Sequence[tuple[str, object]], videos: bool) -> None:
+    """With `--json -` stdout is the stats' alone (what else is printed goes to stderr, fd 1
+    included): an output whose links lead to stdout is refused (OutputPathError, exit 2)."""
+    from ardiff.errors import OutputPathError
+    from ardiff.rollout.streams import output_paths
+
+    named = [("output.path", path) for path in (output_paths(run_config) if videos else [])]
+    for field, path in [*named, *files]:
+        shown = str(path)
+        if _leads_to_stdout(shown):
+            raise OutputPathError(f"{field}: {shown!r} leads to stdout, which --json - gives "
+                                  f"to the stats alone; write it to a file, or the stats with "
+                                  f"--json PATH")
+
+
+def _leads_to_stdout(text: str) -> bool:
+    """Whether `text` or a symlink it passes through names descriptor 1 (/dev/stdout...)."""
+    own = f"/proc/{os.getpid()}/fd/1"
+    path = os.path.abspath(os.path.expanduser(text))
+    for _ in range(40):  # as many links as the kernel follows
+        if path in STDOUT_NAMES or path == own:
+            return True
+        if not os.path.islink(path):
+            return False
+        path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
+    return False
 
 
 def write_json_file(json_path: str, data: dict, kept: str = "") -> Optional[str]:
@@ -126,11 +171,13 @@ def _write_whole(path: Path, text: str) -> None:
     (or a new one) is written beside its target (a symlink's target) and moved over it in one
     os.replace; anything else (a device such as /dev/full, a FIFO) is written directly, a FIFO
     only if a reader comes (`_write_fifo`)."""
-    target = Path(os.path.realpath(path))
-    if target.is_fifo():
+    from ardiff.path_text import landing
+
+    target, stream = landing(path)  # a symlink's target; /dev/stdout's pipe or terminal
+    if stream and target.is_fifo():
         _write_fifo(target, text)
         return
-    if target.exists() and not target.is_file():
+    if stream:  # a device
         target.write_text(text)
         return
     fd, work = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)

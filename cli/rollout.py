@@ -37,6 +37,7 @@ def rollout_command(
     budget: str = options.BudgetOpt,
     workers: int = options.WorkersOpt,
     cfg_parallel: int = options.CfgParallelOpt,
+    batch: str = options.BatchOpt,
     overrides: options.OverrideList = options.SetOpt,
     json_path: str = typer.Option(None, "--json", metavar="PATH",
                                   help="Write the stats as JSON to PATH ('-': stdout)."),
@@ -69,7 +70,8 @@ def rollout_command(
                 "rollout.actions": _absolute(actions), "output.fps": fps,
                 "runtime.device": device, "runtime.dtype": dtype,
                 "runtime.memory_budget": budget, "runtime.parallel.workers": workers,
-                "runtime.parallel.cfg": cfg_parallel})
+                "runtime.parallel.cfg": cfg_parallel,
+                "rollout.batch": options.batch_value(batch)})
             drawing = picture.RunPicture(report_path, "--report")
             options.check_command_paths(run_config, config, json_path,
                                         [("--report", report_path)])

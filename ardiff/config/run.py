@@ -2,7 +2,7 @@
 
     config = load_config("run.yaml", ["runtime.kv.window_frames=12"])   # or build_config(data)
 
-Sections: `pipeline`, `runtime`, `warmup`, `rollout`, `output`, `play`. Every default lives
+Sections: `pipeline`, `runtime`, `warmup`, `rollout`, `output`, `play`, `serve`. Every default lives
 here and nowhere else; CLI flags and `--set` edit the same plain data before it is built,
 so they get the same checks and the same one-line messages (`ardiff.config.schema`).
 Types are strict (`"12"` is not an integer), unknown keys are errors, every number has a
@@ -33,6 +33,7 @@ from pydantic import (
     StrictStr,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic.dataclasses import dataclass
 from pydantic.json_schema import SkipJsonSchema
@@ -41,6 +42,7 @@ from pydantic_core import PydanticCustomError
 from ardiff.config import schema
 from ardiff.config.parallel import ParallelConfig
 from ardiff.config.play import PlayConfig
+from ardiff.config.serve import ServeConfig
 from ardiff.config.yaml_loader import safe_load
 from ardiff.dtypes import DTYPE_BYTES, RuntimeDTypeName
 from ardiff.errors import ConfigError
@@ -99,6 +101,24 @@ def _is_backend(name: Any) -> str:
 
 BackendName = Annotated[str, BeforeValidator(_is_backend), Field(
     json_schema_extra=lambda schema: schema.update(enum=list(backend_names())))]
+
+def _is_batch_size(value: Any) -> int | None:
+    """rollout.batch: an integer from 1 to MAX_SESSIONS, or auto / null (ardiff chooses)."""
+    if value is None or value == "auto":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{short_repr(value)} is not a batch size; give an integer >= 1, or "
+                         f"auto to let ardiff choose")
+    if not 1 <= value <= MAX_SESSIONS:
+        raise ValueError(f"{value} is invalid; it must be from 1 to {MAX_SESSIONS} (sessions "
+                         f"in one forward), or auto")
+    return value
+
+
+BatchSize = Annotated[int | None, BeforeValidator(_is_batch_size), Field(
+    json_schema_extra=lambda schema: schema.update(
+        anyOf=[{"type": "integer", "minimum": 1, "maximum": MAX_SESSIONS},
+               {"const": "auto"}, {"type": "null"}]))]
 
 _S = TypeVar("_S")
 # A section left empty in YAML (`runtime:`) means all its defaults.
@@ -178,21 +198,59 @@ class WarmupConfig:
     enabled: StrictBool = True
 
 
-@dataclass(frozen=True, config=_SECTION)
+def _frame_not_required(schema: dict[str, Any]) -> None:
+    """A schedule entry gives `frame` or `latent_frame` (its JSON Schema: neither required)."""
+    schema["required"] = [key for key in schema.get("required", []) if key != "frame"]
+
+
+@dataclass(frozen=True, config=ConfigDict(**_SECTION, json_schema_extra=_frame_not_required))
 class PromptSwitch:
     """From video frame `frame` on (rounded up to a block boundary), generate `prompt`.
+
+    `latent_frame` instead of `frame` counts the pipeline's latent frames, for a pipeline
+    that declares how they map to video frames (`video_frames_per_latent_frame`; causal-Wan:
+    latent frame L > 0 starts at video frame 1 + 4 (L - 1)); the rollout plan converts it
+    (`ardiff.rollout.streams`).
 
     `on_switch` says what happens to the session at the switch: `keep` its KV
     history (the pipeline re-encodes the prompt), `clear-cross` drop its
     cross-attention K/V first, `reset` start the session over at frame 0, or
-    `recache` drop the cross-attention K/V and ask the pipeline to re-encode the
-    frames it keeps under the new prompt (`extra["recache"]`; LongLive's switch;
+    `recache` drop the cross-attention K/V and ask the pipeline to re-run its last
+    frames under the new prompt (`extra["recache"]`; causal-wan: LongLive's switch;
     a pipeline that does not know it just clears the cross-attention K/V).
     """
 
-    frame: FrameIndex
+    frame: FrameIndex | None
     prompt: Text
     on_switch: Literal["keep", "clear-cross", "reset", "recache"] = "keep"
+    latent_frame: FrameIndex | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _frame_may_be_left_out(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "frame" not in data:
+            return {"frame": None, **data}
+        return data
+
+    @model_validator(mode="after")
+    def _frame_or_latent_frame(self) -> PromptSwitch:
+        if self.frame is not None and self.latent_frame is not None:
+            raise ValueError(f"frame {self.frame} and latent_frame {self.latent_frame} both "
+                             f"given; give one of them")
+        if self.frame is None and self.latent_frame is None:
+            raise ValueError("a schedule entry needs frame (a video frame) or latent_frame; "
+                             "add one")
+        return self
+
+    @property
+    def unit(self) -> str:
+        """The key the entry gives its position in: `frame` or `latent_frame`."""
+        return "frame" if self.frame is not None else "latent_frame"
+
+    @property
+    def position(self) -> int:
+        """The entry's frame, in its own unit (`unit`)."""
+        return self.frame if self.frame is not None else int(self.latent_frame or 0)
 
 
 @dataclass(frozen=True, config=_SECTION)
@@ -209,6 +267,9 @@ class RolloutConfig:
     """Several prompts (one video each): a list, or a file with one per line."""
     interleave: StrictBool = False
     """Run several prompts round-robin, all resident."""
+    batch: BatchSize = None
+    """Prompts advanced together, one forward per block for all of them (a pipeline with
+    generate_blocks); None or auto: ardiff chooses (docs/configs.md#batching-several-prompts)."""
     actions: list[Text | list[Text]] | PathText | None = None
     """One action (or several) per block, repeating; or a YAML file with the list."""
     num_steps: Annotated[StrictInt, Field(gt=0, le=MAX_NUM_STEPS)] | None = None
@@ -220,12 +281,13 @@ class RolloutConfig:
     def _schedule_starts_at_zero_and_increases(cls, prompt: str | list[PromptSwitch]):
         if isinstance(prompt, str):
             return prompt
-        frames = [switch.frame for switch in prompt]
+        frames = [switch.position for switch in prompt]
         if not frames or frames[0] != 0:
             raise ValueError(f"a schedule must start at frame 0, got frames {frames}; "
                              f"add {{frame: 0, prompt: ...}} first")
-        if any(b <= a for a, b in zip(frames, frames[1:])):
-            raise ValueError(f"schedule frames {frames} must increase strictly")
+        if any(b <= a for a, b in zip(frames, frames[1:])):  # mixed units: checked in the plan
+            if len({switch.unit for switch in prompt}) == 1:
+                raise ValueError(f"schedule {prompt[0].unit}s {frames} must increase strictly")
         return prompt
 
     @field_validator("prompts")
@@ -279,6 +341,8 @@ class RunConfig:
     output: Section[OutputConfig] = OutputConfig()
     play: Section[PlayConfig] = PlayConfig()
     """Keys of `ardiff play` (ardiff.config.play)."""
+    serve: Section[ServeConfig] = ServeConfig()
+    """`ardiff serve`: admission, idle sessions, recordings, limits (ardiff.config.serve)."""
     base_dir: SkipJsonSchema[Path] = field(default=Path("."), compare=False, init=False)
 
 

@@ -3,7 +3,9 @@
     resolved = resolve(config)            build the pipeline (cheap, no weights), validate its
                                           spec, apply the runtime overrides
     report = inspect_spec(config)         the first half only: resolve, then a dry-run plan
-    runner = build_runner(config)         resolve, load(device, dtype), measure free memory,
+                                          beside the weights (placement.py)
+    runner = build_runner(config)         resolve, place the weights, load(device, dtype),
+                                          measure free memory,
                                           check the budget fits in it, plan, allocate: in
                                           that order (docs/design.md#4-memory)
 
@@ -31,6 +33,13 @@ from ardiff.distributed.topology import rank_budget
 from ardiff.dtypes import DTYPE_BYTES, torch_dtype
 from ardiff.engine.device import assumed_device, free_memory_bytes, resolve_device, resolve_dtype
 from ardiff.engine.loader import args_base_note, build_pipeline, get_spec
+from ardiff.engine.placement import (
+    MemoryFit,
+    WeightPlan,
+    fits_in,
+    get_weight_bytes,
+    place_weights,
+)
 from ardiff.errors import ArdiffError, CapacityError, ConfigError, PipelineError
 from ardiff.kv.backends import BACKENDS
 from ardiff.kv.plan import KVPlan, make_plan
@@ -52,14 +61,28 @@ class ResolvedPipeline:
     spec: ARDiffusionKVCacheSpec  # runtime overrides applied
     context: ParallelContext | None = None  # CFG-parallel: the rank's (group None: a dry one)
 
-    def plan(self, free_bytes: int, dtype: str, stores_registers: bool = True) -> KVPlan:
+    def plan(self, free_bytes: int, dtype: str, stores_registers: bool = True,
+             batch_rows: int = 1) -> KVPlan:
         """The plan for the effective spec under the config's budget, given the free memory
-        and the resolved dtype (`resolve_dtype`: never `auto`)."""
+        and the resolved dtype (`resolve_dtype`: never `auto`). `batch_rows`: the most
+        sessions of one batched forward (a block in flight each), fewer where the budget
+        would then keep fewer sessions than rows (never below 1)."""
         runtime = self.config.runtime
-        return make_plan(self.spec, dtype, DTYPE_BYTES[dtype],
-                         runtime.memory_budget.resolve(free_bytes),
-                         page_tokens=runtime.kv.page_tokens, max_sessions=runtime.max_sessions,
-                         stores_registers=stores_registers)
+        while True:
+            try:
+                plan = make_plan(self.spec, dtype, DTYPE_BYTES[dtype],
+                                 runtime.memory_budget.resolve(free_bytes),
+                                 page_tokens=runtime.kv.page_tokens,
+                                 max_sessions=runtime.max_sessions,
+                                 stores_registers=stores_registers, batch_rows=batch_rows)
+            except CapacityError:
+                if batch_rows == 1:
+                    raise
+                batch_rows = max(1, batch_rows // 2)
+                continue
+            if plan.session_capacity >= batch_rows:
+                return plan
+            batch_rows = plan.session_capacity  # as many rows as sessions then fit
 
 
 def resolve(config: RunConfig, pipeline: ARDiffusionPipeline | None = None,
@@ -83,13 +106,17 @@ def resolve(config: RunConfig, pipeline: ARDiffusionPipeline | None = None,
 
 @dataclass(frozen=True)
 class SpecReport:
-    """The declared spec, the effective one (overrides applied) and its plan."""
+    """The declared spec, the effective one (overrides applied) and its plan; the weights
+    and whether they fit beside it, where the pipeline and the device memory say."""
 
     declared: ARDiffusionKVCacheSpec
     plan: KVPlan              # one rank's, in a parallel job
     device: str = "cpu"       # the device the plan assumes (runtime.device, auto resolved)
     workers: int = 1          # runtime.parallel: data-parallel replicas...
     cfg: int = 1              # ... of this many ranks each
+    weights: WeightPlan | None = None  # None: the pipeline declares no weight_bytes
+    fit: MemoryFit | None = None       # None: the device's memory is not known
+    model_layout: str | None = None    # the pipeline's `model_layout`, when it names one
 
     @property
     def num_ranks(self) -> int:
@@ -106,7 +133,8 @@ class SpecReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The `inspect-spec --json` object; `parallel` only when runtime.parallel asks for
-        several ranks (then `memory` is one rank's plan)."""
+        several ranks (then `memory` is one rank's plan), `weights` only for a pipeline
+        that declares them, `fit` only when the device's memory is known."""
         eff = self.effective
         parallel = {"parallel": {"workers": self.workers, "cfg": self.cfg,
                                  "ranks": self.num_ranks,
@@ -124,11 +152,18 @@ class SpecReport:
             },
             "memory": self.plan.to_dict(),
             **(parallel if self.num_ranks > 1 else {}),
+            **({"weights": self.weights.to_dict()} if self.weights is not None else {}),
+            **({"fit": self.fit.to_dict()} if self.fit is not None else {}),
+            **({"model_layout": self.model_layout} if self.model_layout is not None else {}),
         }
 
 
-def inspect_spec(config: RunConfig) -> SpecReport:
-    """Build the pipeline (no `load`), validate its spec and plan it; allocate nothing."""
+def inspect_spec(config: RunConfig, device_memory: int | None = None) -> SpecReport:
+    """Build the pipeline (no `load`), validate its spec and plan it; allocate nothing.
+
+    With the pipeline's weights (`weight_bytes`) and the device's memory (`device_memory`,
+    else its free memory now if the device is on this machine) it also places the weights
+    as a run would and says whether weights + KV plan + margin fit."""
     parallel = config.runtime.parallel
     resolved = resolve(config)
     runtime = config.runtime
@@ -137,9 +172,35 @@ def inspect_spec(config: RunConfig) -> SpecReport:
         resolved = dataclasses.replace(resolved, config=dataclasses.replace(
             config, runtime=dataclasses.replace(runtime, memory_budget=share)))
     device = assumed_device(runtime.device)
-    plan = resolved.plan(_free_bytes_for_dry_run(config), resolve_dtype(runtime.dtype, device),
-                         stores_registers(config, config.runtime.kv.backend))
-    return SpecReport(resolved.declared, plan, device, parallel.workers, parallel.cfg)
+    dtype = resolve_dtype(runtime.dtype, device)
+    registers = stores_registers(config, config.runtime.kv.backend)
+    parts = get_weight_bytes(resolved.pipeline, dtype)
+    memory = device_memory if device_memory is not None or parts is None else (
+        _measured_memory(config.runtime.device))
+    fits = None if memory is None else _fits(resolved, memory, dtype, registers)
+    weights = None if parts is None else place_weights(resolved.pipeline, parts, device, fits)
+    on_device = 0 if weights is None else weights.device_bytes
+    free = _free_bytes_for_dry_run(config) if memory is None else max(memory - on_device, 0)
+    plan = resolved.plan(free, dtype, registers)
+    fit = None if memory is None else MemoryFit(memory, on_device, plan.total_bytes)
+    layout = getattr(resolved.pipeline, "model_layout", None)  # e.g. causal-Wan's folder
+    return SpecReport(resolved.declared, plan, device, parallel.workers, parallel.cfg,
+                      weights, fit, layout if isinstance(layout, str) else None)
+
+
+def _fits(resolved: ResolvedPipeline, memory_bytes: int, dtype: str, registers: bool,
+          batch_rows: int = 1) -> Callable[[int], bool]:
+    """`fits_in` with the KV plan the run would make from the memory the weights leave."""
+    return fits_in(memory_bytes, lambda free: resolved.plan(
+        free, dtype, registers, batch_rows=batch_rows).total_bytes)
+
+
+def _measured_memory(device: str) -> int | None:
+    """The device's free memory now, or None when it is not on this machine."""
+    try:
+        return free_memory_bytes(resolve_device(device))
+    except ConfigError:
+        return None
 
 
 def stores_registers(config: RunConfig, backend: str) -> bool:
@@ -167,13 +228,14 @@ def _free_bytes_for_dry_run(config: RunConfig) -> int:
 
 def build_runner(config: RunConfig, resolved: ResolvedPipeline | None = None,
                  load_weights: bool = True, backend: str | None = None,
-                 agree_min: Callable[[int], int] | None = None) -> Runner:
+                 agree_min: Callable[[int], int] | None = None, batch_rows: int = 1) -> Runner:
     """A ready `Runner` for the config: load the pipeline, then plan and allocate its cache.
 
     `resolved` reuses a pipeline already built by `resolve`; `load_weights=False`
     skips the `load` hook (for a pipeline another runner loaded); `backend`
     overrides `runtime.kv.backend` (bench runs both); `agree_min` makes the session
-    capacity the minimum over a parallel job's ranks (so their LRU decisions match)."""
+    capacity the minimum over a parallel job's ranks (so their LRU decisions match);
+    `batch_rows`: the most sessions one batched forward runs (the plan holds their blocks)."""
     from ardiff.engine.runner import Runner  # torch is imported only when a runner is built
 
     resolved = resolved or resolve(config)
@@ -181,6 +243,9 @@ def build_runner(config: RunConfig, resolved: ResolvedPipeline | None = None,
     device = resolve_device(config.runtime.device)
     dtype = resolve_dtype(config.runtime.dtype, device)
     if load_weights:
+        _place_weights(resolved, device, dtype, stores_registers(config, backend or
+                                                                 config.runtime.kv.backend),
+                       batch_rows)
         _load(resolved.pipeline, device, dtype)
     if config.runtime.compile:
         compile_layers(resolved.pipeline, config.pipeline.entry)
@@ -188,10 +253,23 @@ def build_runner(config: RunConfig, resolved: ResolvedPipeline | None = None,
     backend = backend or kv.backend
     free_bytes = free_memory_bytes(device)
     check_budget_fits(config.runtime.memory_budget, free_bytes, device)
-    plan = resolved.plan(free_bytes, dtype, stores_registers=stores_registers(config, backend))
+    plan = resolved.plan(free_bytes, dtype, stores_registers=stores_registers(config, backend),
+                         batch_rows=batch_rows)
     if agree_min is not None:
         plan = dataclasses.replace(plan, session_capacity=agree_min(plan.session_capacity))
     return Runner(resolved.pipeline, _allocate(plan, backend, device, kv.poison), device)
+
+
+def _place_weights(resolved: ResolvedPipeline, device: str, dtype: str,
+                   registers: bool, batch_rows: int) -> None:
+    """Before `load`: a pipeline with `place_weights` (and `weight_bytes`) chooses where its
+    parts go, knowing what fits in the device's free memory beside the KV plan."""
+    if not callable(getattr(resolved.pipeline, "place_weights", None)):
+        return
+    parts = get_weight_bytes(resolved.pipeline, dtype)
+    if parts is not None:
+        fits = _fits(resolved, free_memory_bytes(device), dtype, registers, batch_rows)
+        place_weights(resolved.pipeline, parts, device, fits)
 
 
 def _check_ranks(resolved: ResolvedPipeline) -> None:

@@ -3,6 +3,8 @@
     runner = build_runner(config)     (ardiff.engine.build: load, measure, plan, allocate)
     runner.warmup()                   the pipeline's warmup requests on a reserved session
     runner.execute(request)           one AR block of one session -> BlockResult(output, latency)
+    runner.execute_batch(requests)    one block of each session, one forward where the pipeline
+                                      has generate_blocks -> [BlockResult], in request order
     runner.fail_block(sid, k, exc)    a block whose error surfaced at a later device wait
     runner.stats()                    latencies, session counts, pages; it never prints
 
@@ -13,28 +15,39 @@ the pipeline's hook, every step run even when one raises. Warmup never evicts: i
 under `WARMUP_SESSION_ID` on a free slot. On CUDA `execute` returns once the block is
 queued (its latency is read later: `ardiff.engine.timing`); an error the device raises
 surfaces at the next wait, and whoever sees it calls `fail_block`
-(docs/design.md#5-runner-and-sessions).
+(docs/design.md#5-runner-and-sessions). A batch enters every session's bind, in request
+order, around one `generate_blocks(requests, KVStateBatch(states))`; it fails closed as a
+whole: every session of a batch whose forward raised is released, the others untouched.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Sequence
 
 import torch
 
 from ardiff.contract import ARDiffusionPipeline
 from ardiff.contract.forward import BlockOutput, RolloutRequest
+from ardiff.engine.batching import batch_failure, check_batch, forward_batch, supports_batches
 from ardiff.engine.sessions import Release, SessionInfo, SessionMap
 from ardiff.engine.timing import EventFactory, Latency, seconds, start_timer, stop_timer
-from ardiff.errors import ArdiffError, BlockOutputError, PipelineError, SessionError, WarmupError
+from ardiff.errors import (
+    ArdiffError,
+    BlockOutputError,
+    PipelineError,
+    SessionError,
+    WarmupError,
+)
 from ardiff.kv.backend import CacheStats, KVCacheBase
 from ardiff.kv.plan import KVPlan
 from ardiff.kv.state import KVState, open_state
 
 WARMUP_SESSION_ID = "__ardiff_warmup__"
+
 
 
 @dataclass(frozen=True)
@@ -69,12 +82,14 @@ class WarmupReport:
 
 @dataclass
 class RunnerStats:
-    """Numbers the runner keeps: one latency per AR block, sessions and pages."""
+    """Numbers the runner keeps: one latency per AR block (a batched block's is its
+    forward's), sessions, pages, and the forwards by how many sessions they served."""
 
     block_latencies_s: list[float]
     warmup_latencies_s: list[float]
     sessions: dict[str, int]
     cache: CacheStats
+    batch_sizes: dict[int, int] = field(default_factory=dict)  # sessions -> forwards
 
 
 class Runner:
@@ -87,6 +102,7 @@ class Runner:
         self.sessions = SessionMap(cache.capacity, frozenset({WARMUP_SESSION_ID}))
         self.block_latencies_s: list[Latency] = []  # read into floats by stats()
         self.warmup_latencies_s: list[float] = []
+        self.batch_sizes: Counter[int] = Counter()  # forwards (warmup's not) by sessions in them
         self._closed = False
         self.event_factory: EventFactory | None = None  # CUDA timing events (None: torch's)
 
@@ -98,7 +114,76 @@ class Runner:
                                f"use another session_id")
         result = self._run(request)
         self.block_latencies_s.append(result.latency)
+        self.batch_sizes[1] += 1
         return result
+
+    def execute_batch(self, requests: Sequence[RolloutRequest]) -> list[BlockResult]:
+        """One AR block of each request's session, results in request order.
+
+        A pipeline with `generate_blocks` runs them in one forward (one request: `execute`);
+        one without it, one `execute` per request. Each result's latency is the whole
+        forward's. A batched forward raises `SessionError` for a repeated or reserved session
+        id and `CapacityError` for more sessions than can be resident or than the plan holds
+        blocks in flight for, before anything changes; a failed forward releases every
+        session of the batch, then raises naming them all."""
+        requests = list(requests)
+        if len(requests) <= 1 or not supports_batches(self.pipeline):
+            return [self.execute(request) for request in requests]
+        self._check_open()
+        check_batch(requests, self.sessions.capacity, self.plan.batch_rows, WARMUP_SESSION_ID)
+        results = self._run_batch(requests)
+        self.block_latencies_s.extend(result.latency for result in results)
+        self.batch_sizes[len(requests)] += 1
+        return results
+
+    def _run_batch(self, requests: list[RolloutRequest]) -> list[BlockResult]:
+        for request in requests:  # resets first: the reset hook runs on every reset
+            if request.reset:
+                self._release(request.session_id, Release.RESET)
+        infos = self._admit_batch([request.session_id for request in requests])
+        for request in requests:
+            if request.clear_cross_kv:
+                for branch in self.cache.spec.kv_branches:
+                    self.cache.cross.clear(request.session_id, branch.name)
+        timer = start_timer(self.device, self.event_factory)
+        stage = ["bind_ar_diffusion_state"]
+        try:
+            outputs = forward_batch(self.pipeline, self.cache, requests, self._bind, stage)
+            stage[0] = "generate_blocks' outputs"
+            for info, request, output in zip(infos, requests, outputs):
+                info.frame_size = self._check_output(info, request, output)
+        except BaseException as exc:
+            self._fail_batch(requests, exc, stage[0])
+        latency = stop_timer(timer, self.event_factory)
+        for info in infos:
+            info.blocks += 1
+        for request in requests:
+            if request.close_session:
+                self._release(request.session_id, Release.CLOSED)
+        return [BlockResult(output, latency) for output in outputs]
+
+    def _admit_batch(self, session_ids: list[str]) -> list[SessionInfo]:
+        """Admit every session; the batch's resident ones become the most recently used
+        first, so an eviction (of the least recent) never takes a member of the batch."""
+        for sid in session_ids:
+            if sid in self.sessions:
+                self.sessions.touch(sid)
+        return [self._admit(sid) for sid in session_ids]
+
+    def _fail_batch(self, requests: list[RolloutRequest], exc: BaseException,
+                    stage: str) -> NoReturn:
+        """Release every session of the batch (each step of each, even when one raises),
+        then raise as `_fail` does, the error naming every session and its block."""
+        cleanup_errors = [(request.session_id, error) for request in requests
+                          for error in self._release_steps(request.session_id, Release.FAILED)]
+        error = batch_failure(requests, exc, stage)
+        for sid, cleanup_error in cleanup_errors:  # on the error that propagates
+            if hasattr(error, "add_note"):
+                error.add_note(f"while releasing session {sid!r}: "
+                               f"{type(cleanup_error).__name__}: {cleanup_error}")
+        if error is exc:
+            raise exc
+        raise error from exc
 
     def _run(self, request: RolloutRequest) -> BlockResult:
         self._check_open()
@@ -300,4 +385,6 @@ class Runner:
     def stats(self) -> RunnerStats:
         return RunnerStats([seconds(latency) for latency in self.block_latencies_s],
                            list(self.warmup_latencies_s),
-                           self.sessions.counts.as_dict(), self.cache.stats())
+                           self.sessions.counts.as_dict(), self.cache.stats(),
+                           dict(sorted(self.batch_sizes.items())))
+

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterable, TypedDict
 
 from ardiff.engine.sessions import SessionCounts
 from ardiff.errors import EXIT_FAILED, EXIT_INTERRUPTED
-from ardiff.rollout.report import OutputRecord, RolloutReport
+from ardiff.rollout.report import OutputRecord, RolloutReport, merge_batching
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing_extensions import NotRequired
@@ -122,6 +122,7 @@ def merge(outcome: JobOutcome, report: RolloutReport, streams: dict[int, list[in
     report.block_latencies_s = [s for r in results if r["writes"] for s in r["block_latencies_s"]]
     report.kv = _kv(full) or report.kv
     report.sessions = _summed([w["sessions"] for w in writers]) or report.sessions
+    report.batching = merge_batching([w["batching"] for w in writers]) or report.batching
     report.peak_rss_bytes = sum(r["memory"]["peak_rss_bytes"] for r in full)
     devices = [r["memory"]["peak_device_bytes"] for r in full]
     report.peak_device_bytes = sum(devices) if devices and None not in devices else None

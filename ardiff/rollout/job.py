@@ -12,7 +12,8 @@ the job runs the pipeline's code (`stop.gate.pipeline_since`), a caller may rais
 KeyboardInterrupt instead; where that code never returns, another thread may take the
 files over and finalise them (`stop.gate.take_over`, ardiff.rollout.gate). A job of
 several processes is `ardiff.launch`'s: each rank runs its `JobShare` through this
-function. Nothing prints.
+function. Up to `rollout.batch` prompts advance together, one forward per block for all
+(`ardiff.rollout.batches`); each still has its own file. Nothing prints.
 """
 
 from __future__ import annotations
@@ -25,18 +26,20 @@ from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 from ardiff.config.run import RunConfig
 from ardiff.distributed.context import ParallelContext
 from ardiff.engine.build import ResolvedPipeline, build_runner, resolve
+from ardiff.engine.timing import Latency, seconds
 from ardiff.errors import (
     ArdiffError,
     ConfigError,
     WarmupError,
 )
+from ardiff.rollout.batches import BatchedBlocks, choose_batch, planned_batch
 from ardiff.rollout.gate import FileGate
-from ardiff.rollout.handoff import FrameHandoff, make_handoff
+from ardiff.rollout.handoff import FrameHandoff, frames_lag, make_handoff
 from ardiff.rollout.inputs import pipeline_actions, prompt_warnings
 from ardiff.rollout.outcome import record_failure, record_interrupt
 from ardiff.rollout.paths import check_rollout_paths
 from ardiff.rollout.progress import ProgressEvent
-from ardiff.rollout.report import OutputRecord, RolloutReport, peak_rss_bytes
+from ardiff.rollout.report import OutputRecord, RolloutReport, batching_record, peak_rss_bytes
 from ardiff.rollout.share import JobShare
 from ardiff.rollout.stop import RolloutStop
 from ardiff.rollout.streams import (
@@ -45,6 +48,7 @@ from ardiff.rollout.streams import (
     Stream,
     check_capacity,
     iter_rollout,
+    latent_frame_map,
     plan_rollout,
     video_frames_per_block,
 )
@@ -71,22 +75,24 @@ class Files:
     plan: RolloutPlan
     handoff: FrameHandoff
     writes: bool  # False: a CFG rank that makes the frames its peer writes
+    batch: int = 1  # streams per forward (`ardiff.rollout.batches`)
     gate: FileGate = field(init=False)
     writers: dict[int, VideoWriter] = field(default_factory=dict)
     start: float | None = None  # time.perf_counter() when the rollout began
+    latencies: dict[int, list[Latency]] = field(default_factory=dict)  # per stream, per block
 
 
 def run_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], None] | None = None,
                 stop: RolloutStop | None = None, share: JobShare | None = None,
-                blocks: BlockSource = iter_rollout) -> RolloutReport:
+                blocks: BlockSource | None = None) -> RolloutReport:
     """Run the rollout the config describes; return its report (status ok/failed/interrupted).
 
     `stop` is polled at safe points (see the module docstring); None: run to the end.
     `share`: this process's part of a parallel job (None: the whole job, which must
     be one process's: `ardiff.launch.run_job` chooses). `blocks` drives the runner (default: the
-    plan's blocks; `ardiff.rollout.live` steps one block at a time with actions chosen as
-    it goes). Raises ardiff errors only before the rollout starts (bad input, capacity,
-    loading).
+    plan's blocks, `rollout.batch` streams per forward; `ardiff.rollout.live` steps one
+    block at a time with actions chosen as it goes). Raises ardiff errors only before the
+    rollout starts (bad input, capacity, batch, loading).
     """
     if share is None and needs_processes(config):
         raise ConfigError(f"runtime.parallel: {config.runtime.parallel.world_size} processes "
@@ -97,23 +103,32 @@ def run_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], None] | N
     share = share or JobShare()
     resolved, plan = prepare_rollout(config, share.context)
     plan = share.select(plan)
-    runner = build_runner(config, resolved, agree_min=share.agree_min)
+    rows = 1 if blocks is not None else planned_batch(
+        config.rollout.batch, resolved.pipeline, config, resolved.spec, len(plan.streams))
+    runner = build_runner(config, resolved, agree_min=share.agree_min, batch_rows=rows)
     try:
         check_capacity(plan, runner.plan.session_capacity)
+        batch, notice = (1, None) if blocks is not None else choose_batch(
+            config.rollout.batch, runner, len(plan.streams), share.agree_min)
     except BaseException:
         runner.close()
         raise
     report = _new_report(config, plan, runner)
+    report.warnings.extend([notice] if notice else [])
+    report.warnings.extend(plan.warnings)  # prompt switches moved to a block boundary
     report.warnings.extend(prompt_warnings(runner.pipeline, config, plan))  # asked after load
+    if blocks is None:  # a batch's frames wait for the next forward, as one block's would
+        blocks = (iter_rollout if batch == 1
+                  else BatchedBlocks(batch, frames_lag(runner.device) * batch))
     files = Files(config, plan, make_handoff(runner, getattr(blocks, "frames_lag", None)),
-                  share.writes)
+                  share.writes, batch)
     files.gate = stop.gate = FileGate(lambda: _abandon(report, stop, files, runner))
     try:
         _warm_up_and_run(runner, plan, config, report, emit, stop, blocks, files)
     finally:
         _close_runner(runner, report, files.gate)
         files.gate.close()
-    _finish_report(report, runner)
+    _finish_report(report, runner, files)
     stop.phase = "done"
     emit(ProgressEvent("done", report.frames_written, report.frames_requested))
     return report
@@ -133,7 +148,8 @@ def prepare_rollout(config: RunConfig, context: ParallelContext | None = None
     resolved = resolve(config, parallel=context)
     spec = resolved.spec
     per_block, first_block = video_frames_per_block(resolved.pipeline, spec.frames_per_block)
-    plan = plan_rollout(config, spec, per_block, first_block, pipeline_actions(resolved.pipeline))
+    plan = plan_rollout(config, spec, per_block, first_block, pipeline_actions(resolved.pipeline),
+                        latent_frame_map(resolved.pipeline))
     check_rollout_paths(config, [stream.output_path for stream in plan.streams],
                         pipeline=resolved.pipeline)
     out = config.output
@@ -190,7 +206,8 @@ def _run(runner: Runner, plan: RolloutPlan, config: RunConfig, report: RolloutRe
     On CUDA frames reach the writer one block late (`ardiff.rollout.handoff`). A stop
     polled after block i drops block i+1's frames, so the files end where a CPU run's
     would; a failure writes every block that finished before it. Making a block (and, on
-    CUDA, waiting for its frames) runs with the files let go (`files.gate`)."""
+    CUDA, waiting for its frames) runs with the files let go (`files.gate`). Of a batched
+    forward's blocks, a stop is polled after the last (`BlockEvent.ends_forward`)."""
     stop.phase = "rollout"  # before the first file opens: from here a stop must be requested
     writers, handoff, gate, writes = files.writers, files.handoff, files.gate, files.writes
     start = files.start = time.perf_counter()
@@ -210,13 +227,14 @@ def _run(runner: Runner, plan: RolloutPlan, config: RunConfig, report: RolloutRe
                 stop.phase = "closing"  # every file is final: only the sessions' close is left
             emit(ProgressEvent("rollout", report.frames_written, report.frames_requested, event,
                                runner.cache.stats().pages_in_use))
-            if poll and _stopped(report, stop):
+            if poll and event.ends_forward and _stopped(report, stop):
                 return True
         return False
 
     try:
         stopped = False
         for event in gate.steps(blocks(runner, plan)):
+            files.latencies.setdefault(event.stream.index, []).append(event.latency)
             handoff.push(event, copy=writes)
             if deliver(handoff.ready()):
                 stopped = True
@@ -265,7 +283,7 @@ def _abandon(report: RolloutReport, stop: RolloutStop, files: Files,
         pass
     _close_writers(files, report, stop)
     try:
-        _finish_report(report, runner)
+        _finish_report(report, runner, files)
     except BaseException:  # noqa: BLE001 - e.g. a stuck device's timings: the report stands
         pass
     return report
@@ -339,10 +357,14 @@ def _close_runner(runner: Runner, report: RolloutReport, gate: FileGate) -> None
             record_failure(report, exc)
 
 
-def _finish_report(report: RolloutReport, runner: Runner) -> None:
+def _finish_report(report: RolloutReport, runner: Runner, files: Files) -> None:
     stats = runner.stats()
     report.block_latencies_s = stats.block_latencies_s
     report.sessions = stats.sessions
+    report.batching = batching_record(
+        files.batch, files.config.rollout.batch, stats.batch_sizes,
+        {index: [seconds(latency) for latency in latencies]
+         for index, latencies in files.latencies.items()})
     cache = stats.cache
     report.kv = {"backend": cache.backend, "pages_total": cache.pages_total,
                  "pages_in_use": cache.pages_in_use, "pages_peak": cache.pages_peak,

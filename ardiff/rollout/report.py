@@ -8,6 +8,7 @@ the model runs faster than real time.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import resource
@@ -46,6 +47,40 @@ def current_rss_bytes() -> int:
         return peak_rss_bytes()
 
 
+def latency_summary(latencies_s: list[float]) -> dict[str, float | None]:
+    """p50, p95 and max of block latencies (None each without any)."""
+    return {"p50": percentile(latencies_s, 50), "p95": percentile(latencies_s, 95),
+            "max": max(latencies_s) if latencies_s else None}
+
+
+def batching_record(batch: int, requested: int | None, forwards: dict[int, int],
+                    stream_latencies_s: dict[int, list[float]]) -> dict[str, Any]:
+    """The JSON's `batching`: the batch used and asked for (None: auto), forwards by how
+    many sessions they served, and each stream's blocks and block latency (a batched
+    block's latency is its whole forward's)."""
+    return {"batch": batch, "requested": requested,
+            "forwards": {str(size): count for size, count in sorted(forwards.items())},
+            "streams": [{"stream": index, "blocks": len(latencies),
+                         "block_latency_s": latency_summary(latencies)}
+                        for index, latencies in sorted(stream_latencies_s.items())]}
+
+
+def merge_batching(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ranks' `batching` as one job's: the largest batch, forwards summed, every stream
+    (None: no rank reported one)."""
+    if not records:
+        return None
+    forwards: dict[int, int] = {}
+    for record in records:
+        for size, count in record["forwards"].items():
+            forwards[int(size)] = forwards.get(int(size), 0) + count
+    merged = batching_record(max(r["batch"] for r in records), records[0]["requested"],
+                             forwards, {})
+    merged["streams"] = sorted((s for r in records for s in r["streams"]),
+                               key=lambda stream: stream["stream"])
+    return merged
+
+
 @dataclass
 class OutputRecord:
     path: str
@@ -78,6 +113,7 @@ class RolloutReport:
     peak_rss_bytes: int = 0
     peak_device_bytes: int | None = None
     outputs: list[OutputRecord] = field(default_factory=list)
+    batching: dict[str, Any] = field(default_factory=lambda: batching_record(1, None, {}, {}))
     exception: BaseException | None = field(default=None, repr=False)  # for --debug; not in JSON
     parallel: dict[str, Any] | None = None     # a parallel job (ardiff.launch): its shape
     ranks: list[dict[str, Any]] | None = None  # ... and one record per rank
@@ -108,14 +144,13 @@ class RolloutReport:
                 "rollout_s": self.rollout_s,
                 "time_to_first_frame_s": self.time_to_first_frame_s,
                 "blocks": len(latencies),
-                "block_latency_s": {"p50": percentile(latencies, 50),
-                                    "p95": percentile(latencies, 95),
-                                    "max": max(latencies) if latencies else None},
+                "block_latency_s": latency_summary(latencies),
                 "frames_per_s": self.frames_per_s,
                 "real_time_factor": self.real_time_factor,
             },
             "kv": dict(self.kv),
             "sessions": dict(self.sessions),
+            "batching": copy.deepcopy(self.batching),
             "memory": {"peak_rss_bytes": self.peak_rss_bytes,
                        "peak_device_bytes": self.peak_device_bytes},
             "outputs": [dict(o.__dict__) for o in self.outputs],
@@ -127,13 +162,15 @@ class RolloutReport:
 _NUM = {"type": ["number", "null"]}
 _INT = {"type": "integer", "minimum": 0}
 _INT_OR_NULL = {"type": ["integer", "null"]}
+_LATENCIES = {"type": "object", "required": ["p50", "p95", "max"],
+              "properties": {"p50": _NUM, "p95": _NUM, "max": _NUM}}
 
 STATS_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "ardiff rollout --json",
     "type": "object",
     "required": ["schema_version", "status", "error", "exit_code", "warnings", "run", "frames",
-                 "timing", "kv", "sessions", "memory", "outputs"],
+                 "timing", "kv", "sessions", "batching", "memory", "outputs"],
     "additionalProperties": False,
     "properties": {
         "schema_version": {"const": SCHEMA_VERSION},
@@ -153,8 +190,7 @@ STATS_SCHEMA: dict[str, Any] = {
             "properties": {
                 "warmup_s": _NUM, "rollout_s": {"type": "number"},
                 "time_to_first_frame_s": _NUM, "blocks": _INT,
-                "block_latency_s": {"type": "object", "required": ["p50", "p95", "max"],
-                                    "properties": {"p50": _NUM, "p95": _NUM, "max": _NUM}},
+                "block_latency_s": _LATENCIES,
                 "frames_per_s": _NUM, "real_time_factor": _NUM,
             },
         },
@@ -170,6 +206,20 @@ STATS_SCHEMA: dict[str, Any] = {
         "sessions": {"type": "object",
                      "required": ["created", "evicted", "reset", "closed", "failed", "resident"],
                      "additionalProperties": _INT},
+        # Sessions per forward (docs/configs.md#batching-several-prompts): the batch used and
+        # asked for (null: auto), forwards by sessions in them, each stream's block latency.
+        "batching": {
+            "type": "object", "required": ["batch", "requested", "forwards", "streams"],
+            "additionalProperties": False,
+            "properties": {
+                "batch": {"type": "integer", "minimum": 1},
+                "requested": {"type": ["integer", "null"], "minimum": 1},
+                "forwards": {"type": "object", "additionalProperties": False,
+                             "patternProperties": {"^[1-9][0-9]*$": _INT}},
+                "streams": {"type": "array", "items": {
+                    "type": "object", "required": ["stream", "blocks", "block_latency_s"],
+                    "properties": {"stream": _INT, "blocks": _INT,
+                                   "block_latency_s": _LATENCIES}}}}},
         "memory": {"type": "object", "required": ["peak_rss_bytes", "peak_device_bytes"],
                    "properties": {"peak_rss_bytes": _INT, "peak_device_bytes": _INT_OR_NULL}},
         "outputs": {"type": "array", "items": {

@@ -28,6 +28,7 @@ from ardiff.contract.spec import ARDiffusionKVCacheSpec
 from ardiff.engine.timing import Latency, seconds
 from ardiff.errors import ConfigError, PipelineLoadError
 from ardiff.rollout.inputs import output_path_for, read_actions, read_prompts
+from ardiff.rollout.switches import resolve_schedule, switch_warnings
 from ardiff.sizes import ceil_div
 
 if TYPE_CHECKING:  # pragma: no cover - typing only: both import torch
@@ -73,6 +74,7 @@ class RolloutPlan:
     negative_prompt: str
     num_steps: int | None
     guidance_scale: float
+    warnings: tuple[str, ...] = ()  # switches that do not apply where asked (switches.py)
 
     @property
     def blocks_per_stream(self) -> int:
@@ -82,6 +84,8 @@ class RolloutPlan:
     def switch_block(self, switch: PromptSwitch) -> int:
         """The block a switch applies to in a session that is not reset before it: the first
         one starting at or after its frame."""
+        if switch.frame is None:  # a `latent_frame` entry: `plan_rollout` converts them
+            raise ValueError("switch_block needs a switch in video frames (`frame`)")
         if switch.frame <= 0:
             return 0
         rest = max(0, switch.frame - self.first_block_frames)
@@ -97,6 +101,7 @@ class BlockEvent:
     frames: torch.Tensor  # uint8 [F, H, W, 3]
     latency: Latency      # a float, or a DeviceLatency read at the first latency_s
     frames_written: int   # this stream's frames so far, including these
+    ends_forward: bool = True  # the last block of its forward (a batch's others came first)
 
     @property
     def latency_s(self) -> float:
@@ -105,14 +110,17 @@ class BlockEvent:
 
 def plan_rollout(config: RunConfig, spec: ARDiffusionKVCacheSpec, video_frames_per_block: int,
                  first_block_frames: int | None = None,
-                 action_names: tuple[str, ...] | None = None) -> RolloutPlan:
+                 action_names: tuple[str, ...] | None = None,
+                 latent_map: tuple[int, int] | None = None) -> RolloutPlan:
     """Build and check the plan: prompts, actions, outputs and positions (`check_capacity`
     checks it against a runner's plan once that exists). `first_block_frames` defaults to
     `video_frames_per_block`; `action_names`, the pipeline's, checks the actions
-    (`ardiff.rollout.inputs.read_actions`)."""
+    (`ardiff.rollout.inputs.read_actions`); `latent_map` (`latent_frame_map`) converts a
+    schedule's `latent_frame` entries."""
     rollout = config.rollout
     first = video_frames_per_block if first_block_frames is None else first_block_frames
-    schedules = _schedules(config)
+    written = _schedules(config)
+    schedules = [resolve_schedule(schedule, latent_map) for schedule in written]
     outputs = _output_paths(config.output.path, len(schedules))
     streams = tuple(Stream(i, f"stream-{i}", schedule, output,
                            walk_blocks(schedule, rollout.frames, first, video_frames_per_block))
@@ -120,7 +128,10 @@ def plan_rollout(config: RunConfig, spec: ARDiffusionKVCacheSpec, video_frames_p
     actions = read_actions(rollout.actions, config.base_dir, action_names, spec.frames_per_block)
     plan = RolloutPlan(streams, rollout.frames, video_frames_per_block, first, actions,
                        rollout.interleave and len(streams) > 1, rollout.seed,
-                       rollout.negative_prompt, rollout.num_steps, rollout.guidance_scale)
+                       rollout.negative_prompt, rollout.num_steps, rollout.guidance_scale,
+                       tuple(warning for schedule, stream in zip(written, streams)
+                             for warning in switch_warnings(schedule, stream.schedule,
+                                                            stream.blocks, latent_map)))
     _check_positions(plan, spec)
     return plan
 
@@ -136,7 +147,7 @@ def walk_blocks(schedule: tuple[PromptSwitch, ...], frames: int, first_block_fra
     start, session_block = 0, 0
     while start < frames:
         switching = None
-        while pending and pending[0].frame <= start:
+        while pending and pending[0].position <= start:  # in video frames: resolved
             current = pending.pop(0)
             switching = current.on_switch
         if switching == "reset":
@@ -250,6 +261,19 @@ def video_frames_per_block(pipeline: ARDiffusionPipeline, latent_frames: int) ->
     first = _frames_attribute(pipeline, "video_frames_first_latent_frame", per,
                               "video frames the decoder makes for a session's first latent frame")
     return latent_frames * per, first + (latent_frames - 1) * per
+
+
+def latent_frame_map(pipeline: ARDiffusionPipeline) -> tuple[int, int] | None:
+    """(video frames of a session's first latent frame, of each later one) for a pipeline
+    that declares `video_frames_per_latent_frame` (its schedule may give `latent_frame`);
+    None for one that does not."""
+    if getattr(pipeline, "video_frames_per_latent_frame", None) is None:
+        return None
+    per = _frames_attribute(pipeline, "video_frames_per_latent_frame", 1,
+                            "video frames the decoder makes per latent frame")
+    first = _frames_attribute(pipeline, "video_frames_first_latent_frame", per,
+                              "video frames the decoder makes for a session's first latent frame")
+    return first, per
 
 
 def _frames_attribute(pipeline: ARDiffusionPipeline, name: str, default: int,

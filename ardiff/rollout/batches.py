@@ -1,0 +1,126 @@
+"""Several prompts in one forward: the batch a rollout uses, and the blocks it runs.
+
+    rows = planned_batch(config.rollout.batch, pipeline, config, spec, len(plan.streams))
+    runner = build_runner(config, resolved, batch_rows=rows)     # the plan holds `rows` blocks
+    batch, notice = choose_batch(config.rollout.batch, runner, len(plan.streams))
+    blocks = BatchedBlocks(batch, frames_lag=...)   # a block source for run_rollout
+    for event in blocks(runner, plan): ...          # each forward's blocks, in stream order
+
+Up to `batch` streams advance together, block by block: one `Runner.execute_batch` per
+step, each stream's frames to its own file. A stream that is done leaves the batch (its
+session closed once its frames were handed on) and the next waiting one takes its place;
+under `rollout.interleave` a round is every stream, in batches. Only the last event of a
+forward has `ends_forward`: a stop is polled there, so a batch's streams end together.
+
+    forward 1:  stream-0 b0 | stream-1 b0 | stream-2 b0      batch 3, 4 prompts
+    forward 2:  stream-0 b1 | stream-1 b1 | stream-2 b1      (each done after 2 blocks)
+    forward 3:  stream-3 b0                                   what is left
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from ardiff.config.run import RunConfig
+from ardiff.contract.spec import ARDiffusionKVCacheSpec
+from ardiff.engine.batching import supports_batches
+from ardiff.errors import ConfigError, PipelineLoadError
+from ardiff.rollout.streams import BlockEvent, RolloutPlan, Stream, build_request
+
+if TYPE_CHECKING:  # pragma: no cover - typing only: the runner imports torch
+    from ardiff.engine.runner import Runner
+
+
+def planned_batch(requested: int | None, pipeline: object, config: RunConfig,
+                  spec: ARDiffusionKVCacheSpec, num_streams: int) -> int:
+    """The most sessions one forward will run, for the KV plan to hold their blocks in flight
+    (`build_runner(batch_rows=)`), known before the plan: 1 for a pipeline without
+    `generate_blocks`; else `requested`, or (None: auto) min(prompts, the spec's and
+    `runtime.max_sessions`' session cap, the pipeline's `max_batch_size`). Raises
+    ConfigError for more than the pipeline's `max_batch_size`."""
+    if not supports_batches(pipeline):
+        return 1
+    most = max_batch_size(pipeline)
+    if requested is not None and most is not None and requested > most:
+        raise ConfigError(f"rollout.batch: {requested} sessions in one forward, but the "
+                          f"pipeline's max_batch_size is {most}; lower rollout.batch to {most}")
+    if requested is not None:
+        return max(1, min(requested, num_streams))
+    limits = (num_streams, spec.session_capacity, config.runtime.max_sessions, most)
+    return max(1, min(limit for limit in limits if limit is not None))
+
+
+def choose_batch(requested: int | None, runner: Runner, num_streams: int,
+                 agree_min: Callable[[int], int] | None = None) -> tuple[int, str | None]:
+    """The batch a rollout of `num_streams` prompts uses, and a notice when the pipeline
+    cannot batch what was asked. Auto (None): min(prompts, resident sessions, the plan's
+    `batch_rows`) for a pipeline with `generate_blocks`, else 1. `agree_min`: a parallel
+    job's minimum over its ranks, taken of the memory's limit, so the ranks of a CFG group
+    (the same prompts) run the same batches. Raises ConfigError for a batch of more
+    sessions than fit resident."""
+    if not supports_batches(runner.pipeline):
+        if requested in (None, 1):
+            return 1, None
+        return 1, (f"rollout.batch: {requested}, but the pipeline has no generate_blocks "
+                   f"(SupportsARDiffusionBatchGeneration): one session per forward")
+    capacity = runner.sessions.capacity
+    if requested is not None and requested > capacity:
+        raise ConfigError(f"rollout.batch: {requested} sessions in one forward, but the memory "
+                          f"plan fits {capacity} resident; lower rollout.batch to {capacity} "
+                          f"or raise runtime.memory_budget")
+    limit = min(capacity, runner.plan.batch_rows)
+    if agree_min is not None:
+        limit = agree_min(limit)
+    wanted = num_streams if requested is None else requested
+    return max(1, min(wanted, num_streams, limit)), None
+
+
+def max_batch_size(pipeline: object) -> int | None:
+    """The pipeline's optional `max_batch_size` (None: no limit of its own)."""
+    value = getattr(pipeline, "max_batch_size", None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise PipelineLoadError(f"pipeline: max_batch_size is {value!r}; it must be an integer "
+                                f">= 1 (the most sessions generate_blocks takes in one "
+                                f"forward), or leave it undefined for no limit")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class BatchedBlocks:
+    """A block source (`run_rollout(..., blocks=)`) running `batch` streams per forward.
+    `frames_lag`: events a block's frames wait before the writer gets them (None: the
+    device's: one block on CUDA, which is a whole batch here)."""
+
+    batch: int
+    frames_lag: int | None = None
+
+    def __call__(self, runner: Runner, plan: RolloutPlan) -> Iterator[BlockEvent]:
+        written = {stream.index: 0 for stream in plan.streams}
+        made = dict(written)  # blocks made per stream
+        pending = list(plan.streams)
+        while pending:
+            step = list(pending if plan.interleave else pending[:self.batch])
+            for start in range(0, len(step), self.batch):
+                group = step[start:start + self.batch]
+                yield from _forward(runner, plan, group, written, made)
+                for stream in group:  # closed after their frames were handed on
+                    if written[stream.index] >= plan.frames:
+                        pending.remove(stream)
+                        runner.close_session(stream.session_id)
+
+
+def _forward(runner: Runner, plan: RolloutPlan, group: list[Stream], written: dict[int, int],
+             made: dict[int, int]) -> Iterator[BlockEvent]:
+    """One forward for the next block of every stream of `group`, its events in order."""
+    requests = [build_request(plan, stream, made[stream.index]) for stream in group]
+    results = runner.execute_batch(requests)
+    for row, (stream, result) in enumerate(zip(group, results)):
+        frames = result.output.frames[:plan.frames - written[stream.index]]
+        written[stream.index] += int(frames.shape[0])
+        made[stream.index] += 1
+        yield BlockEvent(stream, made[stream.index] - 1, frames, result.latency,
+                         written[stream.index], ends_forward=row == len(group) - 1)
