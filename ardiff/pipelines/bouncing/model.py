@@ -7,9 +7,10 @@
     actions: each frame's action is `registers_per_action` register tokens, passed as
              extra_k / extra_v: attended to, never committed
 
-The same `Layer`s run through the KV state (`forward_block`, the runtime) or over whole clips
-under a block-causal mask (`forward_frames`, training) with the same attention: a frame at p
-sees the sink, the clean frames in (p - window_frames, p) and itself. Pixels are the latents.
+The same `Layer`s run through the KV state (`forward_blocks`: one frame of each of B
+sessions, each at its own position; the runtime) or over whole clips under a block-causal
+mask (`forward_frames`, training) with the same attention: a frame at p sees the sink, the
+clean frames in (p - window_frames, p) and itself. Pixels are the latents.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ardiff.pipelines.shared.nn import (
     TimestepEmbedding,
     rotate,
 )
+from ardiff.pipelines.shared.rows import OneRowBlock
 from ardiff.pipelines.shared.sampling import sample
 
 CELL_INIT_STD = 0.02   # per-cell embedding, small beside the patch projection
@@ -97,11 +99,18 @@ class Layer(nn.Module):
 @dataclass
 class FrameInputs:
     """What every forward of the frames at `positions` shares: RoPE of their tokens and,
-    per layer, the K/V of their action registers [B, S, R, heads, hs]."""
+    per layer, the K/V of their action registers [B, S, R, heads, hs]. From `frame_inputs`
+    the S positions are shared by the B rows (rope [S, T, hs/2]); from `block_inputs` each
+    row has its own (positions [B], rope [B, 1, T, hs/2])."""
 
     positions: torch.Tensor
-    rope: Rope                                  # [S, T, hs/2] each
+    rope: Rope
     registers: list[tuple[torch.Tensor, torch.Tensor]]
+
+    def rows(self, rows: list[int]) -> FrameInputs:
+        """The inputs of `block_inputs` rows `rows` alone, in that order."""
+        return FrameInputs(self.positions[rows], Rope(*(x[rows] for x in self.rope)),
+                           [(k[rows], v[rows]) for k, v in self.registers])
 
 
 class BouncingDiT(nn.Module):
@@ -139,9 +148,17 @@ class BouncingDiT(nn.Module):
         frame's position, row 0, column 0."""
         angles = torch.stack([self.rotary.angles(p, 1, actions.device)
                               for p in positions.tolist()])  # [S, T, hs/2]
-        rope = Rope.from_angles(angles)
+        return self._inputs(actions, positions, Rope.from_angles(angles))
+
+    def block_inputs(self, actions: torch.Tensor, positions: list[int]) -> FrameInputs:
+        """actions [B] of one frame per row, row b at absolute position positions[b]: the
+        inputs of `forward_blocks` (rope [B, 1, T, hs/2], registers [B, 1, R, heads, hs])."""
+        angles = self.rotary.angles_rows(positions, 1, actions.device)[:, None]  # [B, 1, T, hs/2]
+        return self._inputs(actions[:, None], torch.tensor(positions), Rope.from_angles(angles))
+
+    def _inputs(self, actions: torch.Tensor, positions: torch.Tensor, rope: Rope) -> FrameInputs:
         r = self.c.registers_per_action
-        register_rope = Rope(*(x[:, :1].expand(-1, r, -1) for x in rope))
+        register_rope = Rope(*(x[..., :1, :].expand(*x.shape[:-2], r, -1) for x in rope))
         emb = self.action(actions).unflatten(-1, (r, self.c.dim))
         return FrameInputs(positions, rope,
                            [layer.register_kv(emb, register_rope) for layer in self.layers])
@@ -158,24 +175,32 @@ class BouncingDiT(nn.Module):
         return self.patches.unpatchify(out)
 
     def forward_block(self, x, conditioning: Conditioning, inputs: FrameInputs, blk):
-        """One frame x [1, 3, size, size] attending through the KV `blk`. `conditioning` is
-        `conditioning(t)` of its noise level, `inputs` the `frame_inputs` of its action at
-        position blk.start_frame."""
-        assert inputs.positions.tolist() == [blk.start_frame], "frame inputs of another frame"
-        h = self.patch_in(self.patches.patchify(x[None])) + self.cell  # [1, 1, T, dim]
+        """One frame x [1, 3, size, size] attending through one session's KV `blk`.
+        `conditioning` is `conditioning(t)` of its noise level, `inputs` the `frame_inputs`
+        of its action at position blk.start_frame."""
+        return self.forward_blocks(x[None], conditioning, inputs, OneRowBlock(blk))[0]
+
+    def forward_blocks(self, x, conditioning: Conditioning, inputs: FrameInputs, blk):
+        """One frame of each of B sessions, x [B, 1, 3, size, size], attending through the
+        batch block `blk` (row b: its own session). `conditioning` is `conditioning(t)` of
+        their noise level, `inputs` the `block_inputs` of their actions at blk.start_frames."""
+        assert inputs.positions.tolist() == blk.start_frames, "frame inputs of other frames"
+        h = self.patch_in(self.patches.patchify(x)) + self.cell  # [B, 1, T, dim]
         h = self.block_layers(h, conditioning.layers, inputs.rope, inputs.registers, blk)
         out = self.patch_out(conditioning.final.modulate(self.final_norm(h)))
-        return self.patches.unpatchify(out)[0]
+        return self.patches.unpatchify(out)
 
     def block_layers(self, h, layer_mods, rope: Rope, registers, blk):
-        """The layer stack of `forward_block` over h [1, 1, T, dim], attending through the KV
-        `blk` (what `runtime.compile` compiles); the same ops in the same order as `_run`."""
+        """The layer stack of `forward_blocks` over h [B, 1, T, dim], attending through the
+        batch block `blk` (what `runtime.compile` compiles); the same ops in the same order
+        as `_run`."""
         for index, layer in enumerate(self.layers):
             mods = layer_mods[index]
-            q, k, v = layer.project(h, mods[0], rope)            # [1, 1, T, heads, hs]
-            rk, rv = registers[index]
-            out = blk.attend(index, q[0, 0], k[0, 0], v[0, 0], extra_k=rk[0, 0], extra_v=rv[0, 0])
-            h = layer.finish(h, out[None, None], mods)
+            q, k, v = layer.project(h, mods[0], rope)            # [B, 1, T, heads, hs]
+            rk, rv = registers[index]                              # [B, 1, R, heads, hs]
+            out = blk.attend(index, q[:, 0], k[:, 0], v[:, 0], extra_k=rk[:, 0],
+                             extra_v=rv[:, 0])                     # [B, T, heads, hs]
+            h = layer.finish(h, out[:, None], mods)
         return h
 
     def forward_frames(self, frames, t, actions, positions, noisy):

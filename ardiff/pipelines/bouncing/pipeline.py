@@ -5,6 +5,9 @@
             frame is sampled in `num_steps` flow-matching steps (probes) and committed at t = 0
     video:  the 32 x 32 model frames, upscaled nearest-neighbour `upscale` times (1: not;
             `output.scale` then lets the video writer do it on its own thread)
+    batch:  `generate_blocks` makes one frame of each of B sessions (each at its own
+            position, start frames and sampled frames side by side) in one forward per
+            step; `generate_block` is the batch of one (`shared/rows.py`)
 
 The network is `model.py`, its weights `checkpoint.py` (shipped in `weights/`, made by
 `python -m ardiff.pipelines.bouncing.train`); nothing is downloaded.
@@ -13,7 +16,7 @@ The network is `model.py`, its weights `checkpoint.py` (shipped in `weights/`, m
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
@@ -24,7 +27,8 @@ from ardiff.pipelines.bouncing import sim
 from ardiff.pipelines.bouncing.checkpoint import load_weights
 from ardiff.pipelines.bouncing.config import RGB_CHANNELS, BouncingConfig
 from ardiff.pipelines.bouncing.model import BouncingDiT, Conditioning, FrameInputs, pixels_to_model
-from ardiff.pipelines.shared.sampling import block_noise, sample
+from ardiff.pipelines.shared.rows import OneRow, as_rows, group_rows, put, subset
+from ardiff.pipelines.shared.sampling import rows_noise, sample
 
 if TYPE_CHECKING:  # pragma: no cover - typing only: the loop imports this module
     from ardiff.pipelines.bouncing.reference import ReferenceLoop
@@ -120,18 +124,41 @@ class BouncingWorld(ardiff.ARDiffusionPipelineBase):
     @torch.inference_mode()
     def generate_block(self, request: ardiff.RolloutRequest,
                        state: ardiff.ARDiffusionKVState) -> ardiff.BlockOutput:
+        return self.generate_blocks([request], OneRow(state))[0]
+
+    @torch.inference_mode()
+    def generate_blocks(self, requests: Sequence[ardiff.RolloutRequest],
+                        states: ardiff.ARDiffusionKVStateBatch) -> list[ardiff.BlockOutput]:
+        """The next frame of every request's session in one forward per step: start-frame
+        rows come from their simulators, the others sample (rows with the same step count
+        together), then every row commits its clean frame at once."""
         if self.model is None:
             self.load("cpu", torch.float32)
-        frame, action = state.num_committed_frames(BRANCH), self.action_index(request.actions)
-        inputs = self.model.frame_inputs(torch.tensor([[action]], device=self.device),
-                                         torch.tensor([frame]))
+        states = as_rows(states, len(requests))
+        frames = [state.num_committed_frames(BRANCH) for state in states]
+        actions = [self.action_index(request.actions) for request in requests]
+        inputs = self.model.block_inputs(torch.tensor(actions, device=self.device), frames)
+        kinds = [self._row_kind(request, frame) for request, frame in zip(requests, frames)]
+        parts = {}
+        for key, rows in group_rows(kinds).items():
+            if key is None:
+                x = torch.stack([self._start_frame(requests[row], frames[row], actions[row])
+                                 for row in rows])
+            else:
+                x = self._sample([requests[row] for row in rows], subset(states, rows),
+                                 [frames[row] for row in rows], inputs.rows(rows), key)
+            parts[key] = (rows, x)
+        x = put(parts, len(requests))                  # [B, 1, 3, s, s]
+        with states.block(BRANCH, commit=True) as blk:  # the clean frames become history
+            self.model.forward_blocks(x, self._conditioning(CLEAN), inputs, blk)
+        video = to_video(x.flatten(0, 1), self.config.upscale).unflatten(0, x.shape[:2])
+        return [ardiff.BlockOutput(frames=frames) for frames in video]
+
+    def _row_kind(self, request: ardiff.RolloutRequest, frame: int) -> int | None:
+        """None for a simulator start frame, else the row's number of sampling steps."""
         if frame < self.config.context_frames:
-            x = self._start_frame(request, frame, action)
-        else:
-            x = self._sample(request, state, frame, inputs)
-        with state.block(BRANCH, commit=True) as blk:  # the clean frame becomes history
-            self.model.forward_block(x, self._conditioning(CLEAN), inputs, blk)
-        return ardiff.BlockOutput(frames=to_video(x, self.config.upscale))
+            return None
+        return request.num_steps or self.config.num_steps
 
     def _conditioning(self, t: float) -> Conditioning:
         """The model's conditioning for noise level t, computed once per level."""
@@ -154,15 +181,17 @@ class BouncingWorld(ardiff.ARDiffusionPipelineBase):
             del self._worlds[sid]
         return pixels_to_model(sim.render(world)).to(self.device, self.dtype)  # [1, 3, s, s]
 
-    def _sample(self, request, state, frame: int, inputs: FrameInputs) -> torch.Tensor:
-        """num_steps flow-matching steps from the block's seeded noise, each one a probe."""
+    def _sample(self, requests, states, frames: list[int], inputs: FrameInputs,
+                num_steps: int) -> torch.Tensor:
+        """num_steps flow-matching steps from each row's seeded noise, each step one probe
+        of every row: [B, 1, 3, s, s]."""
         c = self.config
         shape = (FRAMES_PER_BLOCK, RGB_CHANNELS, c.size, c.size)
-        noise = block_noise(shape, request.seed, frame, self.device, self.dtype)
+        noise = rows_noise(shape, [r.seed for r in requests], frames, self.device, self.dtype)
 
         def predict_clean(x: torch.Tensor, t: float) -> torch.Tensor:
-            with state.block(BRANCH) as blk:   # a probe: attends to history, commits nothing
-                clean = self.model.forward_block(x, self._conditioning(t), inputs, blk)
+            with states.block(BRANCH) as blk:  # a probe: attends to history, commits nothing
+                clean = self.model.forward_blocks(x, self._conditioning(t), inputs, blk)
             return clean.clamp(-1, 1)           # the model's pixel range
 
-        return sample(noise, predict_clean, request.num_steps or c.num_steps)
+        return sample(noise, predict_clean, num_steps)

@@ -87,13 +87,22 @@ class RotaryEmbedding:
 
     def angles(self, start_frame: int, num_frames: int, device: torch.device) -> torch.Tensor:
         """Rotation angles of a block of frames: [num_frames * grid^2, head_size // 2]."""
+        return self.angles_rows([start_frame], num_frames, device)[0]
+
+    def angles_rows(self, start_frames: list[int], num_frames: int,
+                    device: torch.device) -> torch.Tensor:
+        """`angles` of one block per row, row b at start_frames[b]: [B, num_frames * grid^2,
+        head_size // 2], each row exactly `angles(start_frames[b], ...)` (elementwise)."""
         cells = self.grid * self.grid
         token = torch.arange(num_frames * cells, device=device)
-        frame = start_frame + token // cells
+        starts = torch.tensor(start_frames, device=device)[:, None]
+        frame = (starts + token // cells).flatten()            # [B * tokens]
         row, col = (token % cells) // self.grid, token % self.grid
-        return torch.cat([self._angles(frame, self.frame_pairs),
-                          self._angles(row, self.space_pairs),
-                          self._angles(col, self.space_pairs)], dim=-1)
+        space = torch.cat([self._angles(row, self.space_pairs),
+                           self._angles(col, self.space_pairs)], dim=-1)
+        rows = len(start_frames)
+        return torch.cat([self._angles(frame, self.frame_pairs).unflatten(0, (rows, -1)),
+                          space.expand(rows, -1, -1)], dim=-1)
 
     def rope(self, start_frame: int, num_frames: int, device: torch.device) -> Rope:
         """`Rope` of a block of frames, [num_frames * grid^2, head_size // 2] each."""

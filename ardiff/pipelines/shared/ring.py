@@ -72,7 +72,7 @@ class RingBlock:
     def __init__(self, cache: RingCache, start_frame: int, commit: bool) -> None:
         self.cache, self.start_frame, self.commit = cache, start_frame, commit
 
-    def attend(self, layer: int, q, k, v, extra_k=None, extra_v=None):
+    def attend(self, layer: int, q, k, v, extra_k=None, extra_v=None, scale=None):
         """q [q_tokens, heads, hs] to [visible history | k | extra]; k, v become history on a
         commit. Returns [q_tokens, heads, hs]."""
         k_ring, v_ring = self.cache.k[layer], self.cache.v[layer]
@@ -80,7 +80,8 @@ class RingBlock:
         keys = torch.cat([*k_ring.visible(self.start_frame), k, *([extra_k] if extra else [])])
         values = torch.cat([*v_ring.visible(self.start_frame), v, *([extra_v] if extra else [])])
         q4, k4, v4 = (x.transpose(0, 1)[None] for x in (q, keys, values))
-        out = F.scaled_dot_product_attention(q4, k4, v4, enable_gqa=q.shape[1] != k.shape[1])
+        out = F.scaled_dot_product_attention(q4, k4, v4, scale=scale,
+                                             enable_gqa=q.shape[1] != k.shape[1])
         if self.commit:
             k_ring.write(self.start_frame, k)
             v_ring.write(self.start_frame, v)

@@ -6,12 +6,13 @@ flow-matching sampler.
 Flow matching here means x_t = (1 - t) clean + t noise: the model predicts the clean
 block from x_t, and a step moves x along the straight line to that prediction. Each
 prediction is the caller's (a probe of the KV cache); the commit forward that follows
-is the caller's too.
+is the caller's too. A batch of sessions samples as one: `rows_noise` stacks each row's own
+block noise, and the steps are elementwise, so a row's x is the x it has alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -31,7 +32,20 @@ def block_noise(shape: tuple[int, ...], seed: int, start_frame: int,
     """Standard normal noise of `shape` for that block: drawn in float32 on the CPU, then
     moved, so it depends on (seed, start_frame) alone. To a GPU it goes from pinned memory
     without a host sync (the copy is queued on the current stream like the model's work)."""
-    noise = torch.randn(shape, generator=block_generator(seed, start_frame))
+    return _to_device(torch.randn(shape, generator=block_generator(seed, start_frame)),
+                      device, dtype)
+
+
+def rows_noise(shape: tuple[int, ...], seeds: Sequence[int], start_frames: Sequence[int],
+               device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """`block_noise` of B sessions' blocks, row b that of (seeds[b], start_frames[b]):
+    [B, *shape], each row exactly what `block_noise` gives that block; moved in one copy."""
+    return _to_device(torch.stack([torch.randn(shape, generator=block_generator(seed, frame))
+                                   for seed, frame in zip(seeds, start_frames, strict=True)]),
+                      device, dtype)
+
+
+def _to_device(noise: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     if torch.device(device).type == "cuda":
         return noise.pin_memory().to(device, non_blocking=True).to(dtype)
     return noise.to(device, dtype)

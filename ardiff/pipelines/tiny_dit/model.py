@@ -4,6 +4,10 @@
     DiTBlock: adaLN(t) -> self-attention through blk.attend (3-axis RoPE, absolute frame
               positions) -> cross-attention to the prompt's K/V -> MLP
 
+One forward is one block of one session (x [F, C, h, w], a KV block, the prompt's K/V
+[L, kv_heads, hs]) or one block of each of B sessions (x [B, F, C, h, w], a batch block,
+each row's prompt K/V stacked [B, L, kv_heads, hs]); the same layers run either way.
+
 Weights are a deterministic random initialisation from `weights_seed` (parameters are made
 in a fixed order): the videos carry no meaning; the model exists to exercise ardiff.
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import ardiff
@@ -26,6 +31,8 @@ from ardiff.pipelines.shared.nn import (
     rotate,
 )
 from ardiff.pipelines.tiny_dit.text import TextEncoder
+
+ROPES_KEPT = 16  # positions whose rope a model keeps (a block's forwards share one)
 
 
 @dataclass(frozen=True)
@@ -109,7 +116,7 @@ class DiTBlock(nn.Module):
                                  nn.Linear(mlp_ratio * dim, dim))
 
     def heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
-        return x.unflatten(-1, (n, self.head_size))  # [tokens, n, head_size]
+        return x.unflatten(-1, (n, self.head_size))  # [(B,) tokens, n, head_size]
 
     def cross_kv(self, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-attention K/V of the text tokens: [text_tokens, kv_heads, head_size] each."""
@@ -125,7 +132,7 @@ class DiTBlock(nn.Module):
         v = self.heads(self.v(h), self.num_kv_heads)
         x = x + attn.gate * self.out(blk.attend(layer, q, k, v).flatten(-2))
         q = self.heads(self.cross_q(self.norm2(x)), self.num_heads)
-        x = x + self.cross_out(attend(q, *cross).flatten(-2))
+        x = x + self.cross_out(cross_attend(q, *cross).flatten(-2))
         return x + mlp.gate * self.mlp(mlp.modulate(self.norm3(x)))
 
 
@@ -145,10 +152,12 @@ class TinyDiT(nn.Module):
         self.patch_out = nn.Linear(c.dim, self.patches.patch_dim)
         self.text = TextEncoder(c.dim, c.text_tokens)
         self.rotary = RotaryEmbedding(c.head_size, c.grid)
+        self._ropes: dict[tuple, Rope] = {}  # (positions, num_frames, device) -> their rope
 
     def layers(self, h: torch.Tensor, cond: torch.Tensor, rope: Rope, blk,
                cross: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """The layer stack over tokens h [F * grid^2, dim] (what `runtime.compile` compiles)."""
+        """The layer stack over tokens h [(B,) F * grid^2, dim] (what `runtime.compile`
+        compiles)."""
         for layer, block in enumerate(self.blocks):
             h = block(h, cond, rope, blk, layer, cross[layer])
         return h
@@ -159,12 +168,44 @@ class TinyDiT(nn.Module):
 
     def forward(self, x: torch.Tensor, t: float, blk,
                 cross: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """Predicted clean latents for noisy latents x [F, C, h, w] at noise level t."""
-        num_frames = x.shape[0]
-        rope = self.rotary.rope(blk.start_frame, num_frames, x.device)
+        """Predicted clean latents for noisy latents x [F, C, h, w] at noise level t, or for
+        x [B, F, C, h, w] through a batch block (row b at blk.start_frames[b])."""
+        num_frames = x.shape[-4]
+        rope = self._rope(blk.start_frames if x.dim() == 5 else blk.start_frame, num_frames,
+                          x.device)
         cond = self.time(torch.full((1,), t, device=x.device))  # [1, dim]
-        h = self.patch_in(self.patches.patchify(x).flatten(0, 1))  # [F * grid^2, dim]
+        h = self.patch_in(self.patches.patchify(x).flatten(-3, -2))  # [(B,) F * grid^2, dim]
         h = self.layers(h, cond, rope, blk, cross)
         (final,) = self.final_modulation(cond)
         out = self.patch_out(final.modulate(self.final_norm(h)))
-        return self.patches.unpatchify(out.unflatten(0, (num_frames, -1)))
+        return self.patches.unpatchify(out.unflatten(-2, (num_frames, -1)))
+
+    def _rope(self, start_frames: int | list[int], num_frames: int,
+              device: torch.device) -> Rope:
+        """`block_rope`, kept for the last few positions: a block's probes and commit share
+        it (the rope depends on the positions alone)."""
+        key = (start_frames if isinstance(start_frames, int) else tuple(start_frames),
+               num_frames, device)
+        if key not in self._ropes:
+            if len(self._ropes) >= ROPES_KEPT:
+                self._ropes.clear()
+            self._ropes[key] = self.block_rope(start_frames, num_frames, device)
+        return self._ropes[key]
+
+    def block_rope(self, start_frames: int | list[int], num_frames: int,
+                   device: torch.device) -> Rope:
+        """RoPE of a block at `start_frames` ([F * grid^2, hs/2] each), or of one block per
+        row at start_frames[b] ([B, F * grid^2, hs/2] each)."""
+        if isinstance(start_frames, int):
+            return self.rotary.rope(start_frames, num_frames, device)
+        return Rope.from_angles(self.rotary.angles_rows(start_frames, num_frames, device))
+
+
+def cross_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Unmasked attention of q [(B,) tokens, heads, hs] to k, v [(B,) L, kv_heads, hs]: each
+    row to its own prompt (every prompt has the same L tokens, so no mask)."""
+    if q.dim() == 3:
+        return attend(q, k, v)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         enable_gqa=q.shape[2] != k.shape[2])
+    return out.transpose(1, 2)  # [B, tokens, heads, hs]

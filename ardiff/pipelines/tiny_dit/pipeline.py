@@ -9,22 +9,30 @@
     video:    `LatentDecoder`, with the previous latent frame as per-session state
     prompt:   its K/V are the session's "text" cross-attention cache, set on a new prompt;
               one token per UTF-8 byte, `text_tokens` of them (`max_prompt_tokens`)
+    batch:    `generate_blocks` runs B sessions' blocks as one: each forward takes every
+              row that runs its branch (rows with the same step count step together);
+              `generate_block` is the batch of one (`shared/rows.py`)
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
 import ardiff
 from ardiff.contract.base import warmup_requests
-from ardiff.pipelines.shared.sampling import block_noise, sample
+from ardiff.contract.forward import CrossLayers
+from ardiff.pipelines.shared.rows import OneRow, as_rows, group_rows, put, subset, take
+from ardiff.pipelines.shared.sampling import rows_noise, sample
 from ardiff.pipelines.tiny_dit.decoder import LatentDecoder
 from ardiff.pipelines.tiny_dit.model import TinyDiT, TinyDiTConfig
 from ardiff.pipelines.tiny_dit.reference import TinyDiTLoop
 
 TEXT_CACHE = "text"
+BRANCH_ORDER = ("main", "positive", "negative")  # a row's branches run (and commit) in this order
 
 
 class TinyCausalDiT(ardiff.ARDiffusionPipelineBase):
@@ -111,22 +119,36 @@ class TinyCausalDiT(ardiff.ARDiffusionPipelineBase):
     @torch.inference_mode()
     def generate_block(self, request: ardiff.RolloutRequest,
                        state: ardiff.ARDiffusionKVState) -> ardiff.BlockOutput:
+        return self.generate_blocks([request], OneRow(state))[0]
+
+    @torch.inference_mode()
+    def generate_blocks(self, requests: Sequence[ardiff.RolloutRequest],
+                        states: ardiff.ARDiffusionKVStateBatch) -> list[ardiff.BlockOutput]:
+        """The next block of every request's session: each step one probe forward per
+        branch over the rows that run it (rows with the same step count sample together),
+        then one commit forward per branch, then one decode of every row."""
         if self.model is None:
             self.load("cpu", torch.float32)
-        branches = self._branches(request)
-        cross = {b: self._text_kv(state, request, b) for b in branches}
+        block = self._rows(requests, as_rows(states, len(requests)))
         c = self.config
         shape = (c.frames_per_block, c.latent_channels, c.latent_size, c.latent_size)
-        noise = block_noise(shape, request.seed, state.num_committed_frames(branches[0]),
-                            self.device, self.dtype)
-        x = sample(noise, lambda x, t: self._predict_clean(state, branches, cross, x, t, request),
-                   request.num_steps or c.num_steps)
-        for branch in branches:  # commit: the clean block's K/V become history
-            with state.block(branch, commit=True) as blk:
-                self.model(x, 0.0, blk, cross[branch])
-        frames, self._decoder_state[request.session_id] = self.decoder(
-            x, self._decoder_state.get(request.session_id))
-        return ardiff.BlockOutput(frames=frames)
+        noise = rows_noise(shape, [r.seed for r in requests], block.start_frames(),
+                           self.device, self.dtype)
+        parts = {}
+        for steps, rows in group_rows([r.num_steps or c.num_steps for r in requests]).items():
+            part = block.part(rows)
+            x = sample(take(noise, rows, len(requests)),
+                       lambda x, t, part=part: self._predict_clean(part, x, t), steps)
+            parts[steps] = (rows, x)
+        x = put(parts, len(requests))  # [B, F, C, h, w]
+        for branch, rows in block.branch_rows().items():  # the clean blocks become history
+            with subset(block.states, rows).block(branch, commit=True) as blk:
+                self.model(take(x, rows, len(requests)), 0.0, blk, block.cross(branch, rows))
+        sessions = [request.session_id for request in requests]
+        frames, decoded = self.decoder.decode_rows(x, [self._decoder_state.get(session)
+                                                       for session in sessions])
+        self._decoder_state.update(zip(sessions, decoded))
+        return [ardiff.BlockOutput(frames=row_frames) for row_frames in frames]
 
     # -- helpers -------------------------------------------------------------------
     def _branch_specs(self) -> tuple[ardiff.ARDiffusionKVBranchSpec, ...]:
@@ -145,6 +167,13 @@ class TinyCausalDiT(ardiff.ARDiffusionPipelineBase):
             return (self.parallel.branch,) if self._is_split() else ("positive", "negative")
         return (self.config.branch_names[0],)
 
+    def _rows(self, requests: Sequence[ardiff.RolloutRequest],
+              states: ardiff.ARDiffusionKVStateBatch) -> BatchRows:
+        branches = [self._branches(request) for request in requests]
+        cross = [{b: self._text_kv(state, request, b) for b in row_branches}
+                 for state, request, row_branches in zip(states, requests, branches)]
+        return BatchRows(list(requests), states, branches, cross)
+
     def _text_kv(self, state, request: ardiff.RolloutRequest, branch: str):
         prompt = request.negative_prompt if branch == "negative" else request.prompt
         key = (request.session_id, branch)
@@ -153,19 +182,81 @@ class TinyCausalDiT(ardiff.ARDiffusionPipelineBase):
             self._prompts[key] = prompt
         return state.cross_kv(branch, TEXT_CACHE)
 
-    def _predict_clean(self, state, branches, cross, x, t, request) -> torch.Tensor:
-        predictions = []
-        for branch in branches:  # probes: attend to history, commit nothing
-            with state.block(branch, commit=False) as blk:
-                predictions.append(self.model(x, t, blk, cross[branch]))
-        if self._is_split() and request.guidance_scale > 1.0:
-            predictions = self.parallel.all_gather(predictions[0])  # [positive, negative]
-        if len(predictions) == 1:
-            return predictions[0]
-        positive, negative = predictions
-        return negative + request.guidance_scale * (positive - negative)
+    def _predict_clean(self, block: BatchRows, x: torch.Tensor, t: float) -> torch.Tensor:
+        """Every row's clean prediction for x [B, F, C, h, w] at level t: a probe of each
+        branch over the rows that run it, guidance mixed where a row asks for it."""
+        num_rows = len(block.requests)
+        predictions = {}
+        for branch, rows in block.branch_rows().items():  # probes: commit nothing
+            with subset(block.states, rows).block(branch, commit=False) as blk:
+                predictions[branch] = (rows, self.model(take(x, rows, num_rows), t, blk,
+                                                        block.cross(branch, rows)))
+        scales = [request.guidance_scale for request in block.requests]
+        guided = [row for row, scale in enumerate(scales) if scale > 1.0]
+        unguided = [row for row, scale in enumerate(scales) if scale <= 1.0]
+        parts = {}
+        if unguided:
+            parts["unguided"] = (unguided, pick(predictions[self.config.branch_names[0]],
+                                                unguided))
+        if guided and self._is_split():  # both ranks' predictions of the guided rows
+            positive, negative = self.parallel.all_gather(
+                pick(predictions[self.parallel.branch], guided))
+        elif guided:
+            positive, negative = (pick(predictions[b], guided) for b in ("positive", "negative"))
+        for scale, rows in group_rows([scales[row] for row in guided]).items():
+            pos, neg = (take(p, rows, len(guided)) for p in (positive, negative))
+            parts[scale] = ([guided[row] for row in rows], neg + scale * (pos - neg))
+        return put(parts, num_rows)
 
     def _forget(self, session_id: str) -> None:
         self._decoder_state.pop(session_id, None)
         for key in [k for k in self._prompts if k[0] == session_id]:
             del self._prompts[key]
+
+
+def pick(prediction: tuple[list[int], torch.Tensor], rows: list[int]) -> torch.Tensor:
+    """Rows `rows` of a prediction made for rows `prediction[0]`."""
+    made_for, x = prediction
+    return take(x, [made_for.index(row) for row in rows], len(made_for))
+
+
+@dataclass
+class BatchRows:
+    """One block's rows as the tiny DiT runs them: each row's request, state, branches (in
+    BRANCH_ORDER) and prompt K/V per branch."""
+
+    requests: list[ardiff.RolloutRequest]
+    states: ardiff.ARDiffusionKVStateBatch
+    branches: list[tuple[str, ...]]
+    text: list[dict[str, CrossLayers]]
+    _stacked: dict[tuple[str, tuple[int, ...]], CrossLayers] = field(default_factory=dict)
+
+    def start_frames(self) -> list[int]:
+        """Each row's block position (that of its first branch: a row's guidance may have
+        started later than its session, leaving its negative branch behind)."""
+        return [state.num_committed_frames(branches[0])
+                for state, branches in zip(self.states, self.branches)]
+
+    def part(self, rows: list[int]) -> BatchRows:
+        """Rows `rows` alone, in that order."""
+        if rows == list(range(len(self.requests))):
+            return self
+        return BatchRows([self.requests[r] for r in rows], subset(self.states, rows),
+                         [self.branches[r] for r in rows], [self.text[r] for r in rows])
+
+    def branch_rows(self) -> dict[str, list[int]]:
+        """{branch: the rows that run it}, branches in BRANCH_ORDER."""
+        found = {branch: [row for row, branches in enumerate(self.branches) if branch in branches]
+                 for branch in BRANCH_ORDER}
+        return {branch: rows for branch, rows in found.items() if rows}
+
+    def cross(self, branch: str, rows: list[int]) -> CrossLayers:
+        """Per layer the prompt K/V of `rows` on `branch`, stacked: [B, L, kv_heads, hs]."""
+        key = (branch, tuple(rows))
+        if key not in self._stacked:
+            per_row = [self.text[row][branch] for row in rows]
+            self._stacked[key] = [
+                tuple(parts[0][None] if len(rows) == 1 else torch.stack(parts)
+                      for parts in zip(*(layers[layer] for layers in per_row)))
+                for layer in range(len(per_row[0]))]
+        return self._stacked[key]

@@ -111,6 +111,10 @@ class LatentTap:
         self.latents.append(x.clone())  # [F, C, h, w]
         return self.decoder(x, state)
 
+    def decode_rows(self, x: torch.Tensor, states):
+        self.latents.extend(row.clone() for row in x)  # [B, F, C, h, w]
+        return self.decoder.decode_rows(x, states)
+
 
 def tiny_dit_rollout(backend: str, sink_frames: int, cfg: bool, num_blocks: int,
                      *extra_overrides: str):
