@@ -1,5 +1,6 @@
 """`ardiff bench` numbers as rows (measure, median, p10-p90, target, met?), printed as a Rich
-table or as Markdown to paste. Targets are printed beside the numbers, never asserted."""
+table or as Markdown to paste; `--batch` has its own table, a row per batch size. Targets are
+printed beside the numbers, never asserted."""
 
 from __future__ import annotations
 
@@ -14,6 +15,15 @@ HELP_TARGET_S = 0.3
 RSS_GROWTH_TARGET = 0.05
 MIN_WIDTH = 120
 HEADER = ("measure", "median", "p10-p90", "target", "")
+# `--batch`: frames/s at batch 8 over batch 1 on this project's 2-core CPU, one thread
+# (docs/performance.md#several-sessions-per-forward), by the pipeline's class.
+BATCH_TARGET_SIZE = 8
+BATCH_TARGETS = {"ardiff.pipelines.bouncing.pipeline:BouncingWorld": 3.5,
+                 "ardiff.pipelines.tiny_dit.pipeline:TinyCausalDiT": 2.5,
+                 "ardiff.pipelines.causal_wan.pipeline:CausalWan": 1.5}
+BATCH_HEADER = ("B", "sessions per forward", "block latency per session", "frames/s",
+                "speedup vs B=1 (wall)", "speedup (CPU)", "max |frame diff| vs B=1",
+                "KV pages in use", "target")
 
 
 def seconds(value: float | None) -> str:
@@ -136,14 +146,61 @@ def _startup_rows(data: dict) -> list[tuple]:
     return out
 
 
+def batch_title(data: dict, config: str) -> str:
+    m = data["machine"]
+    load = " ".join(f"{x:g}" for x in m["load_before"])
+    after = " ".join(f"{x:g}" for x in m["load_after"])
+    threads = f"{m['torch_threads']} torch thread" + ("s" if m["torch_threads"] > 1 else "")
+    notice = f"; {data['notice']}" if data["notice"] else ""
+    return (f"ardiff bench {config} --batch: {data['repeats']} repeats x {data['blocks']} "
+            f"blocks per batch size, alternating per block; {threads}, {m['cpus']} CPUs, load "
+            f"average {load} (after: {after}){notice}")
+
+
+def _times(spread: dict | None, fmt) -> str:
+    median, between = _spread(spread, fmt)
+    return median if spread is None else f"{median} ({between})"
+
+
+def _rate(x: float) -> str:
+    return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
+
+
+def _forwards(forwards: dict[str, int]) -> str:
+    return ", ".join(f"{sessions} x {count}" if len(forwards) > 1 else sessions
+                     for sessions, count in forwards.items()) or "-"
+
+
+def batch_rows(data: dict) -> list[tuple[str, ...]]:
+    """A row per batch size: latency, frames/s, paired speedups, frames, pages, target."""
+    target = BATCH_TARGETS.get(data["pipeline"])
+    out: list[tuple[str, ...]] = []
+    for size in data["sizes"]:
+        b = size["batch"]
+        speedup = size["speedup"]
+        met = ""
+        if target is not None and b == BATCH_TARGET_SIZE and speedup["wall"] is not None:
+            met = f">= {target:.1f}x {_mark(speedup['wall']['median'] >= target)}"
+        diff = size["max_abs_frame_diff"]
+        out.append((str(b), _forwards(size["forwards"]), _times(size["block_wall_s"], seconds),
+                    _times(size["frames_per_s"], _rate),
+                    _times(speedup["wall"], lambda x: f"{x:.2f}x"),
+                    _times(speedup["cpu"], lambda x: f"{x:.2f}x"),
+                    "-" if diff is None else f"{diff} ({size['rows_checked']} of {b} rows)",
+                    f"{size['pages_in_use_max']} / {size['pages_total']}", met))
+    return out
+
+
 def print_bench(data: dict, config: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title(data, config), title_justify="left")
-    for column in HEADER:
+    batch = data.get("mode") == "batch"
+    table = Table(title=batch_title(data, config) if batch else title(data, config),
+                  title_justify="left")
+    for column in BATCH_HEADER if batch else HEADER:
         table.add_column(column)
-    for row in rows(data):
+    for row in batch_rows(data) if batch else rows(data):
         table.add_row(*row)
     console = Console()
     console.width = max(console.width, MIN_WIDTH)  # a pipe is 80 columns: too narrow
@@ -152,8 +209,10 @@ def print_bench(data: dict, config: str) -> None:
 
 def markdown(data: dict, config: str) -> str:
     """The table as GitHub Markdown, its title as the line above."""
-    lines = [title(data, config), "", "| " + " | ".join(HEADER) + " |",
-             "|" + "---|" * len(HEADER)]
+    batch = data.get("mode") == "batch"
+    header = BATCH_HEADER if batch else HEADER
+    lines = [batch_title(data, config) if batch else title(data, config), "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |"
-              for row in rows(data)]
+              for row in (batch_rows(data) if batch else rows(data))]
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""`ardiff bench CONFIG`: the arms side by side, paired per block, with targets beside the numbers."""
+"""`ardiff bench CONFIG`: the arms side by side, paired per block, with targets beside the numbers
+(`--workers N`: ardiff_cli._speedup; `--batch B,B,...`: ardiff.bench.batch)."""
 
 from __future__ import annotations
 
@@ -25,16 +26,27 @@ STARTUP_RUNS = 5
 def _parse_sweep(value: str | None) -> list[int]:
     """The lengths of `--sweep-frames`; their range is checked with the other counts
     (`ardiff.bench.lengths`)."""
+    return _parse_list(value, "--sweep-frames", "positive frame counts like 100,1000")
+
+
+def _parse_list(value: str | None, flag: str, like: str) -> list[int]:
     if not value:
         return []
     try:
-        frames = [int(part) for part in value.split(",") if part.strip()]
+        numbers = [int(part) for part in value.split(",") if part.strip()]
     except ValueError:
-        frames = []
-    if not frames:
-        raise typer.BadParameter(f"{value!r}: give positive frame counts like 100,1000",
-                                 param_hint="--sweep-frames")
-    return frames
+        numbers = []
+    if not numbers:
+        raise typer.BadParameter(f"{value!r}: give {like}", param_hint=flag)
+    return numbers
+
+
+def _batch_conflict(workers: int | None, sweep: list[int], preview: bool,
+                    plot: Path | None) -> str | None:
+    """The first option given beside `--batch` that measures something else."""
+    given = (("--workers", workers is not None), ("--sweep-frames", bool(sweep)),
+             ("--preview", preview), ("--plot", plot is not None))
+    return next((flag for flag, on in given if on), None)
 
 
 def startup_seconds(args: list[str], runs: int = STARTUP_RUNS) -> dict[str, list[float]] | None:
@@ -74,6 +86,9 @@ def bench_command(
     markdown: bool = typer.Option(False, "--markdown", help="Print the table as Markdown."),
     workers: int = typer.Option(None, "--workers", min=2, metavar="N",
                                 help="Instead: the job on 1 worker against N (ardiff.launch)."),
+    batch: str = typer.Option(None, "--batch", metavar="B,B,...",
+                              help="Instead: B sessions per forward for each B, e.g. 1,2,4,8 "
+                                   "(Runner.execute_batch; B=1 is the baseline)."),
     overrides: options.OverrideList = options.SetOpt,
     json_path: str = typer.Option(None, "--json", metavar="PATH",
                                   help="Write the numbers as JSON to PATH ('-': stdout)."),
@@ -84,7 +99,7 @@ def bench_command(
     debug: bool = options.DebugOpt,
 ) -> None:
     """Measure ardiff side by side: paged vs dense, vs a hand-written loop, eager vs compiled
-    (no CONFIG: the embedded default).
+    (no CONFIG: the embedded default); or, with `--batch 1,2,4,8`, B sessions per forward.
 
     The arms alternate block by block; ratios are paired per block (median, p10-p90), with
     the model thread's CPU time beside wall time. `--json PATH`, the counts and the
@@ -94,11 +109,20 @@ def bench_command(
     written is exit 1, after the numbers.
     """
     sweep = _parse_sweep(sweep_frames)
+    sizes = _parse_list(batch, "--batch", "positive batch sizes like 1,2,4,8")
     with signals.StopSignals() as stop_signals, json_stdout(json_path == "-") as json_out:
         with handle_errors(debug):
-            from ardiff.bench.lengths import check_counts
+            from ardiff.bench.lengths import check_batch_sizes, check_counts
+            from ardiff.errors import ConfigError
 
             check_counts(blocks, repeats, threads, sweep)
+            if sizes:
+                check_batch_sizes(sizes)
+                conflict = _batch_conflict(workers, sweep, preview, plot)
+                if conflict:
+                    raise ConfigError(f"--batch: cannot be combined with {conflict}; it "
+                                      f"measures batch sizes alone: run {conflict} as another "
+                                      f"bench")
             options.check_json_path(json_path, config)
             drawing = picture.RunPicture(plot, "--plot")
             from ardiff.bench import run_bench  # imports torch
@@ -114,24 +138,34 @@ def bench_command(
                 from ardiff_cli import _speedup as speedup
 
                 return speedup.run(run_config, workers, repeats, json_path, json_out)
-            if preview or drawing.path is not None:
-                bench_preview.check_rollout(run_config)
-            say = lambda msg: print(f"bench: {msg}", file=sys.stderr)  # noqa: E731
-            report = run_bench(run_config, blocks, repeats, sweep, encode=not no_encode,
-                               compiled=not no_compile, threads=threads,
-                               on_progress=say)
-            data = report.to_dict()
-            data.update(bench_preview.run_extras(run_config, repeats, preview, drawing, say))
-            print("bench: start-up", file=sys.stderr)
-            spec_path = _config_file(config)
-            data["startup_s"] = {
-                name: None if times is None else {kind: Spread.of(values).to_dict()
-                                                  for kind, values in times.items()}
-                for name, times in (("help", startup_seconds(["--help"])),
-                                    ("inspect_spec", spec_path and startup_seconds(
-                                        ["inspect-spec", spec_path])))}
+            if sizes:
+                from ardiff.bench.batch import run_batch_bench
+
+                data = run_batch_bench(run_config, sizes, blocks, repeats, threads,
+                                       on_progress=_say).to_dict()
+            else:
+                if preview or drawing.path is not None:
+                    bench_preview.check_rollout(run_config)
+                report = run_bench(run_config, blocks, repeats, sweep, encode=not no_encode,
+                                   compiled=not no_compile, threads=threads,
+                                   on_progress=_say)
+                data = report.to_dict()
+                data.update(bench_preview.run_extras(run_config, repeats, preview, drawing,
+                                                     _say))
+                print("bench: start-up", file=sys.stderr)
+                spec_path = _config_file(config)
+                data["startup_s"] = {
+                    name: None if times is None else {kind: Spread.of(values).to_dict()
+                                                      for kind, values in times.items()}
+                    for name, times in (("help", startup_seconds(["--help"])),
+                                        ("inspect_spec", spec_path and startup_seconds(
+                                            ["inspect-spec", spec_path])))}
         stop_signals.hold()  # the numbers are written whatever comes now
         _emit(data, json_path, str(config or "(the embedded default)"), markdown, json_out)
+
+
+def _say(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr)
 
 
 def _config_file(config: Path | None) -> str | None:
@@ -163,7 +197,8 @@ def _emit(data: dict, json_path: str | None, config: str, markdown: bool, json_o
             print(bench_table.markdown(data, config))
         else:
             bench_table.print_bench(data, config)
-        bench_preview.print_extras(data)
+        if data.get("mode") != "batch":
+            bench_preview.print_extras(data)
     for error in (json_error, plot_error):
         if error:
             print(f"error: {error}", file=sys.stderr)

@@ -6,6 +6,7 @@
     encode.py      the encoder's CPU beside the model thread's
     report.py      BenchReport and its JSON
     run.py         run_bench: build the arms, warm up, alternate, sweep
+    batch.py       run_batch_bench: B sessions per forward for each B (`bench --batch`)
 
 Targets are printed by the CLI beside the numbers, never asserted.
 """

@@ -31,6 +31,31 @@ def fill_blocks(spec: Any) -> int:
                     spec.frames_per_block) + EXTRA_FILL_BLOCKS
 
 
+def block_request(config: RunConfig, session_id: str, block: int, fill: bool,
+                  row: int = 0) -> RolloutRequest:
+    """Block `block` of the config's rollout for session `row` of a bench: seed + row, the
+    prompt (a schedule's first; a `rollout.prompts` list's in turn by row), its steps,
+    guidance and actions."""
+    r = config.rollout
+    prompt = r.prompt if isinstance(r.prompt, str) else r.prompt[0].prompt
+    if isinstance(r.prompts, list) and r.prompts:
+        prompt = r.prompts[row % len(r.prompts)]
+    return RolloutRequest(session_id, block_index=block, prompt=prompt,
+                          negative_prompt=r.negative_prompt, seed=r.seed + row,
+                          num_steps=r.num_steps, guidance_scale=r.guidance_scale,
+                          actions=block_actions(config, block),
+                          extra=dict(FILL_EXTRA) if fill else {})
+
+
+def block_actions(config: RunConfig, block: int) -> tuple[str, ...] | None:
+    """The config's actions for block `block`, cycled; None when they come from a file."""
+    actions = config.rollout.actions
+    if not isinstance(actions, list) or not actions:
+        return None
+    item = actions[block % len(actions)]
+    return (item,) if isinstance(item, str) else tuple(item)
+
+
 @dataclass
 class Times:
     """Per timed block, in run order: wall seconds and the model thread's CPU seconds."""
@@ -76,20 +101,7 @@ class Arm:
 
     def request(self, fill: bool) -> RolloutRequest:
         """Block `self.block` of the config's rollout (its seed, prompt, steps, actions)."""
-        r = self.config.rollout
-        prompt = r.prompt if isinstance(r.prompt, str) else r.prompt[0].prompt
-        return RolloutRequest(self.session_id, block_index=self.block, prompt=prompt,
-                              seed=r.seed, num_steps=r.num_steps,
-                              guidance_scale=r.guidance_scale, actions=self.actions(),
-                              extra=dict(FILL_EXTRA) if fill else {})
-
-    def actions(self) -> tuple[str, ...] | None:
-        """The config's actions for this block, cycled; None when they come from a file."""
-        actions = self.config.rollout.actions
-        if not isinstance(actions, list) or not actions:
-            return None
-        item = actions[self.block % len(actions)]
-        return (item,) if isinstance(item, str) else tuple(item)
+        return block_request(self.config, self.session_id, self.block, fill)
 
     def close(self) -> None:
         pass

@@ -1,6 +1,7 @@
 """How long a bench runs, checked before it builds anything: its counts and its positions.
 
     check_counts(blocks, repeats, threads, sweep_frames)   bounds, before the config is read
+    check_batch_sizes(sizes)                               `--batch`: 1 to MAX_SESSIONS, once
     check_positions(spec, pipeline, config, blocks, ...)   max_model_len, before `load`
 
 Like a rollout's lengths (docs/configs.md#bounds), a count past its bound is a typo, and a
@@ -21,7 +22,7 @@ from ardiff.bench.encode import encode_blocks
 from ardiff.config.run import RunConfig
 from ardiff.contract.spec import ARDiffusionKVCacheSpec
 from ardiff.errors import ConfigError
-from ardiff.limits import MAX_FRAMES, MAX_REPEATS, MAX_WORKERS
+from ardiff.limits import MAX_FRAMES, MAX_REPEATS, MAX_SESSIONS, MAX_WORKERS
 from ardiff.rollout.streams import video_frames_per_block
 from ardiff.sizes import ceil_div
 
@@ -66,3 +67,17 @@ def _at_most(limit: int, per_block: int, fill: int) -> str:
     if fits >= 1:
         return f"use --blocks {fits} at most"
     return "no timed block fits after them: lower runtime.kv.window_frames"
+
+
+def check_batch_sizes(sizes: list[int]) -> None:
+    """Each `--batch` size from 1 to MAX_SESSIONS (the most resident sessions), each once."""
+    seen: set[int] = set()
+    for size in sizes:
+        if size <= 0:
+            raise ConfigError(f"--batch: {size} is invalid; it must be > 0")
+        if size > MAX_SESSIONS:
+            raise ConfigError(f"--batch: {size} is invalid; it must be <= {MAX_SESSIONS}")
+        if size in seen:
+            raise ConfigError(f"--batch: {size} is given twice; give each batch size once, "
+                              f"like 1,2,4,8")
+        seen.add(size)
