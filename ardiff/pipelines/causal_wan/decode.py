@@ -9,11 +9,14 @@ a session's first latent frame, `temporal_factor` (4) from every later one.
                   resnet convs + a 3D upsample's time conv | conv_out (dims[-1], full size)
 
 `decode_cache_bytes` sums that from the config: the pipeline's model-owned state per session.
+A batch of sessions decodes together (`decode_rows`): rows whose caches have the same layout
+(the sessions at their first block; those past it) run the decoder once, their caches
+stacked along the batch for the call and split back to each session after it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Hashable, Sequence
 
 import torch
 
@@ -101,6 +104,50 @@ class StreamingDecoder:
     def decode(self, session_id: str, latents: torch.Tensor) -> torch.Tensor:
         """Video frames [F', H, W, 3] uint8 of one block's latents [1, z, F, h, w]."""
         return to_uint8(self.decode_pixels(session_id, latents))
+
+    def decode_rows(self, session_ids: Sequence[str], latents: torch.Tensor) -> list[torch.Tensor]:
+        """Row i's video frames [F', H, W, 3] uint8 of latents [B, z, F, h, w], continuing
+        session_ids[i]'s stream. Rows whose caches share a layout decode in one call (a
+        batched convolution may round differently from one row's: within a level of uint8);
+        a row alone in its layout decodes exactly as `decode`."""
+        groups: dict[Hashable, list[int]] = {}
+        for row, session_id in enumerate(session_ids):
+            groups.setdefault(self._layout(session_id), []).append(row)
+        frames: list[torch.Tensor] = [latents] * len(session_ids)  # every entry replaced below
+        for rows in groups.values():
+            pixels = self._decode_group([session_ids[row] for row in rows],
+                                        latents[rows[0]:rows[0] + 1] if len(rows) == 1
+                                        else latents[rows])
+            for position, row in enumerate(rows):
+                frames[row] = to_uint8(pixels[position:position + 1])
+        return frames
+
+    def _layout(self, session_id: str) -> Hashable:
+        """What rows must share to decode together: None at a session's first block, else
+        each cache entry's kind and shape."""
+        cache = self.caches.get(session_id)
+        if cache is None:
+            return None
+        return tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else t for t in cache)
+
+    @torch.inference_mode()
+    def _decode_group(self, session_ids: list[str], latents: torch.Tensor) -> torch.Tensor:
+        """`decode_pixels` of several sessions of one cache layout in one decoder call."""
+        if len(session_ids) == 1:
+            return self.decode_pixels(session_ids[0], latents)
+        is_first = session_ids[0] not in self.caches
+        caches = [self.caches.get(sid) or [None] * self.num_convs for sid in session_ids]
+        stacked = [torch.cat(entries) if isinstance(entries[0], torch.Tensor) else entries[0]
+                   for entries in zip(*caches)]
+        z = self.vae.post_quant_conv(self.denormalize(latents))
+        frames = []
+        for i in range(z.shape[2]):
+            frames.append(self.vae.decoder(z[:, :, i:i + 1], feat_cache=stacked, feat_idx=[0],
+                                           first_chunk=is_first and i == 0))
+        for row, session_id in enumerate(session_ids):  # each session its own copy again
+            self.caches[session_id] = [t[row:row + 1].clone() if isinstance(t, torch.Tensor)
+                                       else t for t in stacked]
+        return torch.cat(frames, dim=2).clamp(-1, 1)
 
     def forget(self, session_id: str) -> None:
         self.caches.pop(session_id, None)
