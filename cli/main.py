@@ -15,11 +15,16 @@ import errno
 import os
 import sys
 
+from ardiff_cli._early_signals import hold_stop_signals
+
+hold_stop_signals()  # first: a stop signal while the rest imports still ends in exit 130
+
 import typer
 
 from ardiff.errors import EXIT_FAILED, EXIT_INTERRUPTED
+from ardiff_cli import _early_signals as early
 from ardiff_cli import _signals as signals
-from ardiff_cli import bench, config_schema, inspect_spec, play, rollout, warmup
+from ardiff_cli import bench, config_schema, inspect_spec, play, rollout, serve, warmup
 from ardiff_cli._exit import leave, note_threads_at_start
 from ardiff_cli._stdout import STDOUT_MARK, MarkedStdout
 
@@ -36,6 +41,7 @@ app.command("warmup")(warmup.warmup_command)
 app.command("bench")(bench.bench_command)
 app.command("config-schema")(config_schema.config_schema_command)
 app.command("play")(play.play_command)
+app.command("serve")(serve.serve_command)
 
 
 @app.callback()
@@ -52,17 +58,24 @@ def main() -> None:
     signals.end_with_the_process()
     note_threads_at_start()
     try:
+        held = early.take_held()
+        if held is not None:  # it came while the script imported: nothing has started
+            raise KeyboardInterrupt(held)
         code = _run_app()
         sys.stdout.flush()  # now, not at interpreter exit where an error cannot be handled
     except OSError as exc:
         if not getattr(exc, STDOUT_MARK, False):
             raise
         code = _stdout_failed(stdout, exc)
-    except KeyboardInterrupt:  # Ctrl-C before a command installed its handlers
-        print("error: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # a stop signal before a command installed its handlers
+        print(f"error: interrupted{f' by {exc}' if str(exc) else ''}", file=sys.stderr)
         code = EXIT_INTERRUPTED
+    else:
+        if code == EXIT_INTERRUPTED and early.raised():  # Typer turned it into exit 130
+            print(f"error: interrupted by {early.raised()}", file=sys.stderr)
     finally:
         sys.stdout = stdout
+        early.settle()  # from here a signal changes nothing
     leave(code)  # not waiting for a thread a pipeline left running
 
 

@@ -1,0 +1,448 @@
+"""The front of `ardiff serve --workers N`: the public port, routing every session to its worker.
+
+    app = create_front_app(pool, token="s3cret")    # uvicorn runs it (ardiff_cli.serve)
+
+    client --HTTP/WS--> front (public port, --token) --httpx / websockets--> worker i
+
+    POST /v1/sessions       placed on the ready worker with the most free session slots (then
+                            the most free KV pages); its answer passed on; the id -> worker
+    /v1/sessions/{id}...    GET, DELETE, /video, WS /stream: proxied to the session's worker
+    GET /v1/sessions        every worker's sessions (each with `worker`), and lost ones
+    GET /health, /metrics   per worker (`workers[]`; a `worker` label on every sample)
+
+The API is the one-worker API (ardiff.serve.app) plus `worker` where it helps; every worker
+response carries `X-Ardiff-Worker`. A session whose worker died reads `failed` with the one
+line saying why (GET), and its stream ends with `{"event": "failed", ...}` and close 1011.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any, AsyncIterator
+
+import httpx
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
+
+from ardiff.serve.app import (
+    OPEN_PATHS,
+    WS_FAILED,
+    WS_POLICY_VIOLATION,
+    WS_UNKNOWN,
+    _has_token,
+    _page_file,
+    _read_body,
+    _reason,
+)
+from ardiff.serve.frames import parse_frame_message
+from ardiff.serve.metrics import PREFIX
+from ardiff.serve.workers import WORKER_HEADER, WorkerPool, WorkerSlot
+
+DEATH_WAIT_S = 5.0      # a worker that stopped answering: how long to wait to hear it died
+PASSED_HEADERS = ("content-type", "content-disposition", "retry-after", WORKER_HEADER)
+WORKER_TIMEOUT = httpx.Timeout(120.0, connect=5.0)  # a DELETE waits for a block boundary
+
+
+def create_front_app(pool: WorkerPool, token: str | None = None) -> FastAPI:
+    """The front's app; its shutdown (uvicorn's, on SIGINT/SIGTERM) stops every worker."""
+    clients: dict[str, httpx.AsyncClient] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        clients["http"] = httpx.AsyncClient(timeout=WORKER_TIMEOUT, headers=pool.auth_headers)
+        try:
+            yield
+        finally:
+            await clients["http"].aclose()
+            await run_in_threadpool(pool.shutdown)
+
+    app = FastAPI(title="ardiff serve", lifespan=lifespan,
+                  description="Live sessions of an ardiff pipeline over several workers "
+                              "(docs/serve.md).")
+    limits = pool.config.serve
+
+    def http() -> httpx.AsyncClient:
+        return clients["http"]
+
+    @app.middleware("http")
+    async def authorize(request: Request, call_next: Any) -> Response:
+        if token is not None and request.url.path not in OPEN_PATHS and not _has_token(
+                request.headers.get("authorization"), None, token):
+            return JSONResponse({"error": "missing or wrong token; send Authorization: Bearer "
+                                          "<token>"}, 401, {"WWW-Authenticate": "Bearer"})
+        response: Response = await call_next(request)
+        return response
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        workers = await _worker_health(http(), pool)
+        ready = [w for w in workers if w["status"] == "ok"]
+        status = ("stopping" if not pool.accepting else
+                  "ok" if len(ready) == len(workers) else "degraded" if ready else "failed")
+        return {"status": status, "sessions": sum(w.get("sessions") or 0 for w in workers),
+                "capacity": sum(w.get("capacity") or 0 for w in workers), "workers": workers}
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> Response:
+        return _page_file("index.html")
+
+    @app.get("/static/{name}", include_in_schema=False)
+    async def page_file(name: str) -> Response:
+        return _page_file(name)
+
+    @app.get("/v1/info")
+    async def server_info() -> Response:
+        for slot in pool.ready():
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                info = (await http().get(f"{slot.url}/v1/info")).json()
+                info["capacity"] = sum(s.capacity for s in pool.slots)
+                info["workers"] = pool.size
+                return JSONResponse(info)
+        return JSONResponse({"error": "no worker is serving now; retry later"}, 503,
+                            {"Retry-After": str(limits.retry_after_s)})
+
+    @app.get("/metrics")
+    async def metrics_text() -> Response:
+        texts = await asyncio.gather(*(_metrics_of(http(), slot) for slot in pool.ready()))
+        registry = CollectorRegistry()
+        registry.register(_FrontCollector(pool, dict(t for t in texts if t is not None)))
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/sessions", status_code=201)
+    async def create_session(request: Request) -> Response:
+        body = await _read_body(request, limits.max_body_bytes)
+        if isinstance(body, Response):
+            return body
+        return await _place(http(), pool, json.dumps(body).encode())
+
+    @app.get("/v1/sessions")
+    async def list_sessions() -> dict[str, Any]:
+        listings = await asyncio.gather(*(_listing(http(), slot) for slot in pool.ready()))
+        sessions: list[dict[str, Any]] = []
+        in_use = total = 0
+        for slot, listing in listings:
+            if listing is None:
+                continue
+            sessions += [{**s, "worker": slot.index} for s in listing["sessions"]]
+            in_use += listing.get("kv_pages_in_use") or 0
+            total += listing.get("kv_pages_total") or 0
+        sessions += [_lost_view(sid, worker, error) for sid, worker, error in pool.lost_sessions()]
+        return {"sessions": sessions, "capacity": sum(s.capacity for s in pool.slots),
+                "kv_pages_in_use": in_use, "kv_pages_total": total,
+                "workers": await _worker_health(http(), pool)}
+
+    @app.get("/v1/sessions/{session_id}")
+    async def get_session(session_id: str) -> Response:
+        return await _session_call(http(), pool, "GET", session_id, "")
+
+    @app.delete("/v1/sessions/{session_id}")
+    async def delete_session(session_id: str) -> Response:
+        return await _session_call(http(), pool, "DELETE", session_id, "")
+
+    @app.get("/v1/sessions/{session_id}/video")
+    async def session_video(session_id: str) -> Response:
+        return await _session_call(http(), pool, "GET", session_id, "/video", stream=True)
+
+    @app.websocket("/v1/sessions/{session_id}/stream")
+    async def stream(websocket: WebSocket, session_id: str) -> None:
+        if token is not None and not _has_token(websocket.headers.get("authorization"),
+                                                websocket.query_params.get("token"), token):
+            await websocket.close(WS_POLICY_VIOLATION, "missing or wrong token")
+            return
+        await _proxy_stream(websocket, pool, session_id)
+
+    return app
+
+
+# -- placing and routing -------------------------------------------------------------------
+async def _place(client: httpx.AsyncClient, pool: WorkerPool, body: bytes) -> Response:
+    """Create the session on the worker with the most free room; the next one if it refuses
+    (503); 503 when none can take it."""
+    retry = {"Retry-After": str(pool.config.serve.retry_after_s)}
+    if not pool.accepting:
+        return JSONResponse({"error": "the server is shutting down; it takes no new "
+                                      "sessions"}, 503, retry)
+    listings = await asyncio.gather(*(_listing(client, slot) for slot in pool.ready()))
+    candidates = []
+    for slot, listing in listings:
+        if listing is None:
+            continue
+        live = sum(s["status"] in ("active", "paused") for s in listing["sessions"])
+        free = listing["capacity"] - live - pool.placing[slot.index]
+        pages_total = listing.get("kv_pages_total") or 0
+        pages_free = pages_total - (listing.get("kv_pages_in_use") or 0)
+        candidates.append((-free, -(pages_free / pages_total if pages_total else 0.0),
+                           slot.index, slot, slot.generation))
+    last: httpx.Response | None = None
+    for minus_free, _pages, _index, slot, generation in sorted(candidates,
+                                                               key=lambda c: c[:3]):
+        if minus_free >= 0:
+            break
+        pool.placing[slot.index] += 1
+        try:
+            response = await client.post(f"{slot.url}/v1/sessions", content=body,
+                                         headers={"content-type": "application/json"})
+        except httpx.HTTPError:
+            continue  # it died under us: the next one
+        finally:
+            pool.placing[slot.index] -= 1
+        if response.status_code == 201:
+            pool.add_route(response.json()["id"], slot, generation)
+            return _passed(response)
+        if response.status_code != 503:
+            return _passed(response)  # 422, 413: the body's fault, the same on every worker
+        last = response
+    if last is not None:
+        return _passed(last)
+    capacity = sum(s.capacity for s in pool.slots)
+    serving = len(pool.ready())
+    return JSONResponse({"error": f"all {capacity} session slots of the {pool.size} workers "
+                                  f"are in use ({serving} serving now); retry later"}, 503,
+                        retry)
+
+
+async def _session_call(client: httpx.AsyncClient, pool: WorkerPool, method: str,
+                        session_id: str, tail: str, stream: bool = False) -> Response:
+    """A request about one session, answered by its worker."""
+    slot = pool.route(session_id)
+    if slot is None:
+        return _not_routed(pool, method, session_id, tail)
+    url = f"{slot.url}/v1/sessions/{session_id}{tail}"
+    try:
+        if stream:
+            request = client.build_request(method, url)
+            upstream = await client.send(request, stream=True)
+            if upstream.status_code != 200:
+                await upstream.aread()
+                await upstream.aclose()
+                return _passed(upstream)
+            headers = _headers(upstream)
+            if "content-length" in upstream.headers:
+                headers["content-length"] = upstream.headers["content-length"]
+            return StreamingResponse(upstream.aiter_raw(), upstream.status_code, headers,
+                                     background=BackgroundTask(upstream.aclose))
+        response = await client.request(method, url)
+    except httpx.HTTPError as exc:
+        await _hear_death(pool, session_id)
+        if pool.route(session_id) is None:
+            return _not_routed(pool, method, session_id, tail)
+        return JSONResponse({"error": f"worker {slot.index} did not answer "
+                                      f"({type(exc).__name__}); retry later"}, 502)
+    if (response.status_code == 404 and not tail) or (method == "DELETE"
+                                                       and response.status_code == 200):
+        pool.forget(session_id)  # closed: its worker no longer has it
+    return _passed(response)
+
+
+def _not_routed(pool: WorkerPool, method: str, session_id: str, tail: str) -> Response:
+    """A session no worker holds: lost with its worker (failed, and why), or unknown."""
+    lost = pool.lost_error(session_id)
+    if lost is None:
+        return JSONResponse({"error": f"no session {session_id[:64]!r}; it was closed or "
+                                      f"never existed"}, 404)
+    worker, error = lost
+    if tail:  # its video went with its worker
+        return JSONResponse({"error": error}, 404)
+    if method == "DELETE":
+        pool.forget(session_id)
+    return JSONResponse(_lost_view(session_id, worker, error))
+
+
+def _lost_view(session_id: str, worker: int, error: str) -> dict[str, Any]:
+    return {"id": session_id, "status": "failed", "error": error, "worker": worker}
+
+
+async def _hear_death(pool: WorkerPool, session_id: str) -> None:
+    """Wait (a little) until the pool knows whether the session's worker died."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEATH_WAIT_S
+    while pool.route(session_id) is not None and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+
+
+def _passed(response: httpx.Response) -> Response:
+    """A worker's answer, as the front's."""
+    return Response(response.content, response.status_code, _headers(response))
+
+
+def _headers(response: httpx.Response) -> dict[str, str]:
+    return {name: response.headers[name] for name in PASSED_HEADERS if name in response.headers}
+
+
+async def _listing(client: httpx.AsyncClient, slot: WorkerSlot
+                   ) -> tuple[WorkerSlot, dict[str, Any] | None]:
+    """A worker's GET /v1/sessions (None: it did not answer)."""
+    try:
+        response = await client.get(f"{slot.url}/v1/sessions", timeout=5.0)
+        return slot, response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return slot, None
+
+
+async def _worker_health(client: httpx.AsyncClient, pool: WorkerPool) -> list[dict[str, Any]]:
+    async def one(slot: WorkerSlot) -> dict[str, Any]:
+        described: dict[str, Any] = {
+            "worker": slot.index, "device": slot.device, "pid": slot.pid,
+            "status": slot.state, "restarts": slot.restarts, "sessions_lost": slot.lost,
+            "sessions": None, "capacity": slot.capacity or None, "error": slot.error}
+        if slot.state != "ready":
+            return described
+        try:
+            answer = (await client.get(f"{slot.url}/health", timeout=5.0)).json()
+        except (httpx.HTTPError, ValueError):
+            return {**described, "status": "not answering"}
+        return {**described, "status": answer["status"], "sessions": answer["sessions"],
+                "capacity": answer["capacity"]}
+
+    return list(await asyncio.gather(*(one(slot) for slot in pool.slots)))
+
+
+# -- the stream ----------------------------------------------------------------------------
+async def _proxy_stream(websocket: WebSocket, pool: WorkerPool, session_id: str) -> None:
+    """The client's stream, joined to the session's stream on its worker both ways; the
+    worker's close (code and reason) passed on; a worker that died: `failed`, 1011."""
+    slot = pool.route(session_id)
+    if slot is None:
+        await websocket.accept()
+        await _end_unrouted(websocket, pool, session_id, 0)
+        return
+    url = f"ws://127.0.0.1:{slot.port}/v1/sessions/{session_id}/stream"
+    try:
+        upstream = await connect(url, additional_headers=pool.auth_headers, max_size=None,
+                                 compression=None, open_timeout=30)
+    except (OSError, InvalidHandshake, TimeoutError):
+        await websocket.accept()
+        await _hear_death(pool, session_id)
+        await _end_unrouted(websocket, pool, session_id, 0)
+        return
+    worker = (upstream.response.headers.get(WORKER_HEADER) if upstream.response is not None
+              else None) or str(slot.index)
+    await websocket.accept(headers=[(WORKER_HEADER.encode(), worker.encode())])
+    frames = [0]
+    down = asyncio.create_task(_downstream(upstream, websocket, frames))
+    up = asyncio.create_task(_upstream(websocket, upstream))
+    done, pending = await asyncio.wait({down, up}, return_when=asyncio.FIRST_COMPLETED)
+    # The worker ended the stream (down returned, or a send to it failed: up raised), or
+    # the client left (up returned, or a send to it failed: down raised).
+    worker_ended = (down in done and down.exception() is None) or (
+        up in done and up.exception() is not None)
+    for task in pending:
+        task.cancel()
+    for task in (*done, *pending):
+        with contextlib.suppress(BaseException):  # its end is read above; nothing to add
+            await task
+    if worker_ended:
+        with contextlib.suppress(Exception):  # the client may be gone too
+            await _end_like_worker(websocket, upstream, pool, session_id, frames[0])
+    await upstream.close()
+
+
+async def _downstream(upstream: ClientConnection, websocket: WebSocket,
+                      frames: list[int]) -> None:
+    """The worker's messages to the client, in order, until the worker closes; `frames[0]`:
+    the session's frames made up to the last one passed on."""
+    with contextlib.suppress(ConnectionClosed):
+        async for message in upstream:
+            if isinstance(message, bytes):
+                await websocket.send_bytes(message)
+                frame = parse_frame_message(message)[0].get("frame")
+                frames[0] = frame + 1 if isinstance(frame, int) else frames[0]
+            else:
+                await websocket.send_text(message)
+
+
+async def _upstream(websocket: WebSocket, upstream: ClientConnection) -> None:
+    """The client's messages to the worker, until the client leaves."""
+    while True:
+        message = await websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        if message.get("text") is not None:
+            await upstream.send(message["text"])
+        elif message.get("bytes") is not None:
+            await upstream.send(message["bytes"])
+
+
+async def _end_like_worker(websocket: WebSocket, upstream: ClientConnection, pool: WorkerPool,
+                           session_id: str, frames: int) -> None:
+    """The worker closed the stream: its code and reason; no close frame (its process is
+    gone): the session failed with its worker."""
+    close = upstream.protocol.close_rcvd
+    if close is not None:
+        await websocket.close(close.code if close.code not in (1005, 1006) else 1000,
+                              close.reason)
+        return
+    await _hear_death(pool, session_id)
+    await _end_unrouted(websocket, pool, session_id, frames)
+
+
+async def _end_unrouted(websocket: WebSocket, pool: WorkerPool, session_id: str,
+                        frames: int) -> None:
+    """End a stream no worker holds: `failed` with its worker's death, else unknown."""
+    lost = pool.lost_error(session_id)
+    if lost is None:
+        if pool.route(session_id) is not None:  # alive, but its worker did not answer
+            await websocket.close(WS_FAILED, "its worker did not answer; reconnect")
+            return
+        await websocket.close(WS_UNKNOWN, _reason(f"no session {session_id[:64]!r}; it was "
+                                                  f"closed or never existed"))
+        return
+    _worker, error = lost
+    await websocket.send_text(json.dumps({"event": "failed", "frames": frames,
+                                          "error": error}))
+    await websocket.close(WS_FAILED, _reason(error))
+
+
+# -- metrics -------------------------------------------------------------------------------
+async def _metrics_of(client: httpx.AsyncClient, slot: WorkerSlot) -> tuple[int, str] | None:
+    try:
+        response = await client.get(f"{slot.url}/metrics", timeout=5.0)
+    except httpx.HTTPError:
+        return None
+    return (slot.index, response.text) if response.status_code == 200 else None
+
+
+class _FrontCollector:
+    """Every worker's metrics with a `worker` label, and the front's own per worker."""
+
+    def __init__(self, pool: WorkerPool, texts: dict[int, str]) -> None:
+        self.pool, self.texts = pool, texts
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> list[Metric]:
+        merged: dict[str, Metric] = {}
+        for index, text in sorted(self.texts.items()):
+            for family in text_string_to_metric_families(text):
+                into = merged.setdefault(family.name, Metric(family.name, family.documentation,
+                                                             family.type, family.unit))
+                into.samples += [sample._replace(labels={**sample.labels, "worker": str(index)})
+                                 for sample in family.samples]
+        up = GaugeMetricFamily(f"{PREFIX}_worker_up", "1: the worker serves; 0: it starts, "
+                               "restarts or stopped", labels=["worker"])
+        restarts = CounterMetricFamily(f"{PREFIX}_worker_restarts", "Times the worker was "
+                                       "started again after it died", labels=["worker"])
+        lost = CounterMetricFamily(f"{PREFIX}_sessions_lost", "Sessions failed because their "
+                                   "worker died", labels=["worker"])
+        routed = GaugeMetricFamily(f"{PREFIX}_sessions_routed", "Sessions the front routes to "
+                                   "the worker", labels=["worker"])
+        counts = self.pool.routed()
+        for slot in self.pool.slots:
+            label = [str(slot.index)]
+            up.add_metric(label, 1.0 if slot.state == "ready" else 0.0)
+            restarts.add_metric(label, slot.restarts)
+            lost.add_metric(label, slot.lost)
+            routed.add_metric(label, counts[slot.index])
+        workers = GaugeMetricFamily(f"{PREFIX}_workers", "Worker processes", value=self.pool.size)
+        return [*merged.values(), workers, up, restarts, lost, routed]

@@ -1,0 +1,578 @@
+"""`ardiff serve --workers N`: N worker processes, one per device, and the pool that keeps them.
+
+    pool = WorkerPool(config, on_event=print_line)  # checked; nothing started yet
+    pool.start()           # N workers: each loads the pipeline, plans its KV cache, warms up
+                           # and serves its own app (ardiff.serve.app) on a private port
+    pool.route(id)         # the worker that holds a session, for its whole life
+    pool.shutdown()        # each worker closes its sessions (every page back) and exits
+
+    front (public port) --HTTP / WS, Bearer <secret>--> worker i on 127.0.0.1:<private port>
+    front <--pipe: ready {port, pid, capacity} | error {line, exit code} | stopped {stats}--
+    front --pipe: "stop" (or the pipe's end: the front is gone)--> worker i
+
+Worker i runs on `cuda:i` (CPU: the host's cores and a fractional memory budget split
+between the workers), as the data-parallel ranks do (ardiff.distributed.topology); its
+token is a random secret only the front holds. A monitor thread follows every worker: one
+that dies (SIGKILL, the OOM killer) fails its sessions (`lost_error`: the one line saying
+why) and is started again (loads again); the others go on. A worker whose front is gone
+stops by itself. Workers ignore SIGINT/SIGHUP: a terminal's Ctrl-C reaches the front, which
+decides.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import secrets
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from types import FrameType
+from typing import Any, Callable
+
+from ardiff.config.run import RunConfig, with_base_dir
+from ardiff.distributed.topology import check_devices, rank_budget, rank_device, rank_threads
+from ardiff.engine.device import resolve_device
+from ardiff.errors import EXIT_FAILED, ArdiffError, CapacityError, ConfigError, RunError
+from ardiff.launch.parent import host_cores
+
+POLL_S = 0.25            # how often the monitor looks at its workers
+SWEEP_S = 2.0            # how often it forgets routes of sessions a worker no longer has
+START_TIMEOUT_S = 600.0  # a worker that is not serving this long after its start is failed
+STOP_TIMEOUT_S = 150.0   # a worker asked to stop that has not this long later is killed
+RESTART_BACKOFF_S = (1.0, 30.0)  # a worker that dies while it loads: first and longest wait
+MAX_LOST = 10_000        # records of sessions lost with a worker, kept for their clients
+PRELOAD = ["torch", "ardiff.serve.app", "ardiff.serve.workers"]  # the forkserver imports them
+WORKER_HEADER = "x-ardiff-worker"  # every worker response names its worker
+BLOCKED_AT_START = {signal.SIGINT, signal.SIGHUP, signal.SIGTERM}
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    """What the front hands a worker process (picklable)."""
+
+    config: RunConfig   # this worker's: its device, memory share and output folder
+    index: int
+    secret: str         # the worker app's token; only the front has it
+    threads: int
+    max_message_bytes: int
+
+
+@dataclass
+class Route:
+    worker: int
+    generation: int
+    added_s: float
+
+
+@dataclass
+class WorkerSlot:
+    """One worker: its process now (a restart makes a new one) and what the front knows."""
+
+    index: int
+    device: str
+    state: str = "starting"   # starting -> ready -> (died) restarting -> starting ...; stopped
+    proc: BaseProcess | None = None
+    conn: Connection | None = None
+    port: int | None = None
+    pid: int | None = None
+    generation: int = -1
+    restarts: int = 0
+    lost: int = 0             # sessions failed because this worker died
+    capacity: int = 0
+    error: str | None = None  # why it last died or failed to load
+    started_s: float = 0.0
+    next_start_s: float = 0.0
+    backoff_s: float = RESTART_BACKOFF_S[0]
+    output_dir: Path | None = None
+    final: dict[str, Any] | None = None  # its stats, sent when it stopped
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class WorkerPool:
+    """The workers of a front process; thread-safe. `on_event(line)` says what happened to a
+    worker (died, restarted) for the command to print."""
+
+    def __init__(self, config: RunConfig, on_event: Callable[[str], None] | None = None) -> None:
+        from ardiff.serve.manager import check_serve_config
+
+        check_serve_config(config)
+        parallel = config.runtime.parallel
+        self.size = parallel.workers
+        if self.size < 2:
+            raise ConfigError("runtime.parallel.workers: a worker pool needs 2 or more; one "
+                              "worker is served in the front process itself")
+        device = resolve_device(config.runtime.device)
+        if device != "cpu":
+            import torch
+
+            check_devices(device, self.size, torch.cuda.device_count())
+        self.config, self.device = config, device
+        self.on_event = on_event or (lambda line: None)
+        self.secret = secrets.token_urlsafe(32)
+        self.threads = rank_threads(parallel.threads, host_cores(), self.size)
+        self.output_root, self.owns_output_root = _output_root(config)
+        self.slots = [WorkerSlot(i, rank_device(device, i)) for i in range(self.size)]
+        self.routes: dict[str, Route] = {}
+        self.lost: collections.OrderedDict[str, tuple[int, str]] = collections.OrderedDict()
+        self.placing = [0] * self.size  # session creations in flight, per worker
+        self.created = 0
+        self.accepting = True
+        self._lock = threading.RLock()
+        self._stopping = False
+        self._stopped: dict[str, Any] | None = None
+        self._context: Any = None
+        self._monitor = threading.Thread(target=self._follow, name="ardiff-serve-workers",
+                                         daemon=True)
+
+    # -- starting ------------------------------------------------------------------------
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Start every worker and wait until each serves; the first one that fails to load
+        raises its error (its exit code kept) after the others are ended."""
+        import multiprocessing
+
+        self._context = multiprocessing.get_context("forkserver")
+        self._context.set_forkserver_preload(PRELOAD)
+        _start_forkserver()
+        try:
+            for slot in self.slots:
+                self._spawn(slot)
+            deadline = time.monotonic() + timeout_s
+            while any(slot.state != "ready" for slot in self.slots):
+                pending = [s for s in self.slots if s.state != "ready"]
+                wait([*(s.conn for s in pending if s.conn is not None),
+                      *(s.proc.sentinel for s in pending if s.proc is not None)], POLL_S)
+                for slot in pending:
+                    self._read(slot, starting=True)
+                    if slot.state == "starting" and slot.proc is not None \
+                            and not slot.proc.is_alive():
+                        self._read(slot, starting=True)
+                        if slot.state == "starting":
+                            raise RunError(f"worker {slot.index}: {_ended(slot.proc)} while "
+                                           f"it loaded its pipeline")
+                if time.monotonic() > deadline:
+                    raise RunError(f"workers: not all serving {timeout_s:g} s after their "
+                                   f"start; a pipeline that loads longer needs more time")
+        except BaseException:
+            self._end_all()
+            self._remove_outputs()
+            raise
+        self._monitor.start()
+
+    def _spawn(self, slot: WorkerSlot) -> None:
+        from ardiff.serve.manager import check_serve_config
+
+        slot.generation += 1
+        name = f"worker-{slot.index}" + (f"-{slot.generation}" if slot.generation else "")
+        slot.output_dir = self.output_root / name
+        job = WorkerJob(self._worker_config(slot, slot.output_dir), slot.index, self.secret,
+                        self.threads, self.config.serve.max_message_bytes)
+        check_serve_config(job.config)
+        parent_end, child_end = self._context.Pipe()
+        # Started with SIGINT/SIGHUP/SIGTERM blocked (the forkserver and its children inherit
+        # the mask): a Ctrl-C while a worker imports cannot end it before it ignores it, and
+        # a SIGTERM to the whole process group (systemd's stop) never ends the forkserver
+        # (whose children would then read as ended with 255) but reaches each worker.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED_AT_START)
+        try:
+            proc = self._context.Process(target=worker_main, args=(job, child_end),
+                                         name=f"ardiff-serve-worker-{slot.index}", daemon=True)
+            proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        child_end.close()
+        slot.proc, slot.conn, slot.pid = proc, parent_end, proc.pid
+        slot.state, slot.port, slot.final = "starting", None, None
+        slot.started_s = time.monotonic()
+
+    def _worker_config(self, slot: WorkerSlot, output_dir: Path) -> RunConfig:
+        config = self.config
+        runtime = config.runtime
+        runtime = dataclasses.replace(
+            runtime, device=slot.device,
+            memory_budget=rank_budget(runtime.memory_budget, slot.device, self.size),
+            parallel=dataclasses.replace(runtime.parallel, workers=1))
+        serve = dataclasses.replace(config.serve, output_dir=str(output_dir))
+        return with_base_dir(dataclasses.replace(config, runtime=runtime, serve=serve),
+                             config.base_dir)
+
+    # -- routing -------------------------------------------------------------------------
+    def ready(self) -> list[WorkerSlot]:
+        """The workers serving now."""
+        with self._lock:
+            return [slot for slot in self.slots if slot.state == "ready"]
+
+    def route(self, session_id: str) -> WorkerSlot | None:
+        """The worker that holds the session (None: not a live session of any worker)."""
+        with self._lock:
+            route = self.routes.get(session_id)
+            if route is None:
+                return None
+            slot = self.slots[route.worker]
+            return slot if slot.generation == route.generation else None
+
+    def add_route(self, session_id: str, slot: WorkerSlot, generation: int) -> None:
+        with self._lock:
+            self.created += 1
+            if slot.generation == generation and slot.state == "ready":
+                self.routes[session_id] = Route(slot.index, generation, time.monotonic())
+            else:  # it died between its answer and now
+                self._remember_lost(session_id, slot.index, slot.error or "its worker stopped")
+
+    def forget(self, session_id: str) -> None:
+        """The session is closed (or its worker no longer has it)."""
+        with self._lock:
+            self.routes.pop(session_id, None)
+            self.lost.pop(session_id, None)
+
+    def lost_error(self, session_id: str) -> tuple[int, str] | None:
+        """(worker, why) of a session that was lost with its worker."""
+        with self._lock:
+            return self.lost.get(session_id)
+
+    def lost_sessions(self) -> list[tuple[str, int, str]]:
+        """(id, worker, why) of every session lost with its worker, oldest first."""
+        with self._lock:
+            return [(sid, worker, error) for sid, (worker, error) in self.lost.items()]
+
+    def routed(self) -> list[int]:
+        """Sessions routed to each worker now."""
+        with self._lock:
+            counts = [0] * self.size
+            for route in self.routes.values():
+                counts[route.worker] += 1
+            return counts
+
+    def begin_shutdown(self) -> None:
+        """Take no new session from now on (503); the running ones go on."""
+        with self._lock:
+            self.accepting = False
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    # -- following the workers -----------------------------------------------------------
+    def _follow(self) -> None:
+        last_sweep = time.monotonic()
+        while not self._stopping:
+            with self._lock:
+                live = [s for s in self.slots if s.proc is not None and s.state != "restarting"]
+            wait([*(s.conn for s in live if s.conn is not None and not s.conn.closed),
+                  *(s.proc.sentinel for s in live if s.proc is not None)], POLL_S)
+            if self._stopping:
+                return
+            for slot in self.slots:
+                self._check(slot)
+            if time.monotonic() - last_sweep > SWEEP_S:
+                last_sweep = time.monotonic()
+                self._sweep()
+
+    def _check(self, slot: WorkerSlot) -> None:
+        now = time.monotonic()
+        if slot.state == "restarting":
+            if now >= slot.next_start_s and self.accepting:  # never while the front stops
+                self.on_event(f"worker {slot.index}: starting again")
+                slot.restarts += 1
+                self._spawn(slot)
+            return
+        self._read(slot)
+        proc = slot.proc
+        if proc is None:
+            return
+        if proc.is_alive():
+            if slot.state == "starting" and now - slot.started_s > START_TIMEOUT_S:
+                _end(proc)  # stuck while it loads: its death below restarts it
+            return
+        self._read(slot)
+        if self._stopping:
+            return
+        self._died(slot, _ended(proc))
+
+    def _read(self, slot: WorkerSlot, starting: bool = False) -> None:
+        conn = slot.conn
+        try:
+            while conn is not None and not conn.closed and conn.poll():
+                kind, payload = conn.recv()
+                if kind == "ready":
+                    with self._lock:
+                        slot.port, slot.capacity = payload["port"], payload["capacity"]
+                        slot.state, slot.backoff_s = "ready", RESTART_BACKOFF_S[0]
+                    if slot.restarts:
+                        self.on_event(f"worker {slot.index}: serving again (pid {slot.pid})")
+                elif kind == "error":
+                    slot.error = payload["error"]
+                    if starting:
+                        raise _error(payload["error"], payload["exit_code"])
+                elif kind == "stopped":
+                    slot.final = payload
+        except (EOFError, OSError):
+            if conn is not None:
+                conn.close()
+
+    def _died(self, slot: WorkerSlot, how: str) -> None:
+        """A worker that ended on its own: fail its sessions, start it again. One that
+        stopped cleanly (a SIGTERM of its own: it closed its sessions and sent its stats)
+        lost nothing; it is started again a moment later unless the front stops too (a
+        SIGTERM to the whole process group)."""
+        was, clean = slot.state, slot.final is not None
+        error = (f"worker {slot.index} stopped ({how}); its sessions were closed" if clean else
+                 f"worker {slot.index} died ({how}); the session was lost with it, start a "
+                 f"new one" if was == "ready" else
+                 f"worker {slot.index} failed while it loaded ({slot.error or how})")
+        with self._lock:
+            lost = [sid for sid, route in self.routes.items() if route.worker == slot.index]
+            for sid in lost:
+                del self.routes[sid]
+                if not clean:
+                    self._remember_lost(sid, slot.index, error)
+            slot.lost += 0 if clean else len(lost)
+            slot.state, slot.port, slot.error = "restarting", None, error
+            wait_s = 0.0 if was == "ready" and not clean else slot.backoff_s
+            if was != "ready":
+                slot.backoff_s = min(slot.backoff_s * 2, RESTART_BACKOFF_S[1])
+            slot.next_start_s = time.monotonic() + wait_s
+        if slot.conn is not None:
+            slot.conn.close()
+        if slot.proc is not None:
+            slot.proc.join(0)
+        if not self.config.serve.keep_videos and slot.output_dir is not None:
+            shutil.rmtree(slot.output_dir, ignore_errors=True)  # its unfinished recordings
+        self.on_event(f"worker {slot.index}: {how}" + (
+            f"; it closed its {len(lost)} session(s)" if clean else
+            f"; {len(lost)} session(s) failed" if was == "ready" else f"; {slot.error}"))
+
+    def _remember_lost(self, session_id: str, worker: int, error: str) -> None:
+        self.lost[session_id] = (worker, error)
+        while len(self.lost) > MAX_LOST:
+            self.lost.popitem(last=False)
+
+    def _sweep(self) -> None:
+        """Forget the routes of sessions their worker no longer has (closed when idle or
+        done and deleted), so the table does not grow over a long run."""
+        import httpx
+
+        for slot in self.ready():
+            asked_s, generation = time.monotonic(), slot.generation
+            try:
+                response = httpx.get(f"{slot.url}/v1/sessions", timeout=2.0,
+                                     headers=self.auth_headers)
+                ids = {s["id"] for s in response.json()["sessions"]}
+            except Exception:  # noqa: BLE001 - a worker that does not answer: next time
+                continue
+            with self._lock:
+                for sid, route in list(self.routes.items()):
+                    if (route.worker == slot.index and route.generation == generation
+                            and route.added_s < asked_s and sid not in ids):
+                        del self.routes[sid]
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.secret}"}
+
+    # -- stopping ------------------------------------------------------------------------
+    def shutdown(self, timeout_s: float = STOP_TIMEOUT_S) -> dict[str, Any]:
+        """Ask every worker to stop (each closes its sessions, its pages back, and exits),
+        wait for them, remove what they recorded unless `serve.keep_videos`. Returns the
+        totals (sessions served, closed, failed, lost; KV pages in use and in all; workers
+        that did not stop cleanly). Safe to call twice."""
+        with self._lock:
+            if self._stopped is not None:
+                return self._stopped
+            self.accepting, self._stopping = False, True
+        if self._monitor.is_alive():
+            self._monitor.join(POLL_S * 8)
+        for slot in self.slots:
+            if slot.conn is not None and not slot.conn.closed:
+                try:
+                    slot.conn.send("stop")
+                except (OSError, ValueError):
+                    pass
+        deadline = time.monotonic() + timeout_s
+        for slot in self.slots:
+            if slot.proc is not None:
+                slot.proc.join(max(0.0, deadline - time.monotonic()))
+                self._read(slot)
+        self._stopped = self._totals()
+        self._end_all()
+        self._remove_outputs()
+        return self._stopped
+
+    def _remove_outputs(self) -> None:
+        """The workers' folders (unless `serve.keep_videos`), and a temporary root."""
+        if self.config.serve.keep_videos:
+            return
+        for slot in self.slots:
+            if slot.output_dir is not None:
+                shutil.rmtree(slot.output_dir, ignore_errors=True)
+        if self.owns_output_root:
+            shutil.rmtree(self.output_root, ignore_errors=True)
+
+    def _totals(self) -> dict[str, Any]:
+        finals = [slot.final for slot in self.slots if slot.final is not None]
+        unclean = [f"worker {slot.index}: " + (
+            "did not stop" if slot.final is None else str(slot.final["scheduler_error"]))
+            for slot in self.slots
+            if slot.final is None or slot.final.get("scheduler_error")]
+        totals: dict[str, Any] = {"workers": self.size, "served": self.created,
+                                  "lost": sum(slot.lost for slot in self.slots),
+                                  "restarts": sum(slot.restarts for slot in self.slots),
+                                  "errors": unclean}
+        for key in ("closed", "failed", "kv_pages_in_use", "kv_pages_total"):
+            values = [final[key] for final in finals if final.get(key) is not None]
+            totals[key] = sum(values) if values else None
+        return totals
+
+    def _end_all(self) -> None:
+        for slot in self.slots:
+            if slot.proc is not None:
+                _end(slot.proc)
+            if slot.conn is not None:
+                slot.conn.close()
+            slot.state = "stopped"
+
+
+def _start_forkserver() -> None:
+    """Start the forkserver with SIGINT/SIGHUP/SIGTERM blocked (see `_spawn`). The resource
+    tracker is started first: starting it unblocks SIGINT and SIGTERM in this thread (its
+    own block and unblock around its start), which would undo ours."""
+    from multiprocessing import forkserver, resource_tracker
+
+    resource_tracker.ensure_running()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED_AT_START)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def _output_root(config: RunConfig) -> tuple[Path, bool]:
+    """serve.output_dir (created; each worker records into its own folder under it), or a
+    temporary folder the front owns and removes."""
+    if config.serve.output_dir is None:
+        return Path(tempfile.mkdtemp(prefix="ardiff-serve-")), True
+    folder = Path(config.serve.output_dir)
+    if not folder.is_absolute():
+        folder = config.base_dir / folder
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"serve.output_dir: cannot create {str(folder)!r} "
+                          f"({type(exc).__name__}: {exc.strerror}); choose a writable "
+                          f"folder") from exc
+    return folder.resolve(), False
+
+
+def _error(line: str, exit_code: int) -> ArdiffError:
+    """A worker's load error, raised in the front with its exit code."""
+    kind = {2: ConfigError, 3: CapacityError}.get(exit_code, RunError)
+    return kind(line)
+
+
+def _ended(proc: BaseProcess) -> str:
+    """How a worker process ended, in words."""
+    code = proc.exitcode
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _end(proc: BaseProcess) -> None:
+    """SIGTERM, then SIGKILL a few seconds later: no worker outlives the front."""
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(3.0)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+
+
+# -- the worker process ------------------------------------------------------------------
+def worker_main(job: WorkerJob, conn: Connection) -> None:
+    """A worker process: load, serve the app on a private loopback port until the front
+    says stop (or is gone, or SIGTERM), close every session, send the stats, exit."""
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, BLOCKED_AT_START)
+    try:
+        import torch
+
+        torch.set_num_threads(job.threads)
+        from ardiff.serve.app import create_app
+        from ardiff.serve.manager import SessionManager
+
+        manager = SessionManager.build(job.config)
+    except BaseException as exc:  # noqa: BLE001 - the front decides what a failed load means
+        code = exc.exit_code if isinstance(exc, ArdiffError) else EXIT_FAILED
+        line = str(exc) if isinstance(exc, ArdiffError) else f"{type(exc).__name__}: {exc}"
+        _send(conn, "error", {"error": line, "exit_code": code})
+        return
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    server = _worker_server(create_app(manager, job.secret, worker=job.index), manager,
+                            job.max_message_bytes)
+    threading.Thread(target=_follow_front, args=(conn, server, manager), daemon=True).start()
+    _send(conn, "ready", {"port": listener.getsockname()[1], "pid": os.getpid(),
+                          "capacity": manager.capacity})
+    try:
+        server.run(sockets=[listener])
+    finally:
+        manager.shutdown()
+        in_use, total = manager.kv_pages()
+        error = manager.scheduler_error
+        _send(conn, "stopped", {
+            "closed": manager.stats.closed, "failed": manager.stats.failed,
+            "kv_pages_in_use": in_use, "kv_pages_total": total,
+            "scheduler_error": None if error is None else f"{type(error).__name__}: {error}"})
+        listener.close()
+
+
+def _send(conn: Connection, kind: str, payload: dict[str, Any]) -> None:
+    try:
+        conn.send((kind, payload))
+    except (OSError, ValueError):
+        pass  # the front is gone: nobody to tell
+
+
+def _follow_front(conn: Connection, server: Any, manager: Any) -> None:
+    """The front's "stop", or its end (a front killed outright): stop serving."""
+    try:
+        conn.recv()
+    except (EOFError, OSError):
+        pass
+    manager.begin_shutdown()
+    server.should_exit = True
+
+
+def _worker_server(app: Any, manager: Any, max_message_bytes: int) -> Any:
+    import uvicorn
+
+    class WorkerServer(uvicorn.Server):
+        """SIGTERM: stop taking sessions, then uvicorn's graceful stop; SIGINT is the
+        front's to decide (ignored); neither is raised again once stopped (exit 0)."""
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if sig == signal.SIGINT:
+                return
+            manager.begin_shutdown()
+            self.should_exit = True
+
+    return WorkerServer(uvicorn.Config(app, log_level="warning", lifespan="on",
+                                       ws_max_size=max_message_bytes,
+                                       timeout_graceful_shutdown=30))
+
