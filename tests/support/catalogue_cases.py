@@ -245,6 +245,16 @@ CASES = [
          r"one session", args=("--budget", "100"), command="inspect-spec"),
     Case("budget too small (`warmup`)", 3, r"^runtime\.memory_budget: 100B cannot hold one "
          r"session", args=("--budget", "100"), command="warmup"),
+    # -- #24: weights in the plan, the text encoder where it fits ------------------------------
+    Case("`inspect-spec --device-memory` not bytes", 2, r"^--device-memory: '0\.8' is not a size "
+         r"in bytes; give the device's memory like 24GiB, 80GB or 25769803776$",
+         args=("--device-memory", "0.8"), command="inspect-spec"),
+    Case("`text_encoder_device` not a device", 2, r"^pipeline: constructing 'ardiff\.pipelines\."
+         r"causal_wan:CausalWan' with args \{.*'text_encoder_device': 'gpu'\} raised ConfigError: "
+         r"pipeline\.args\.text_encoder_device: 'gpu' is not allowed; use auto, cpu, cuda or "
+         r"cuda:N$",
+         config=entry(CAUSAL_WAN, **TINY_WAN, text_encoder_device="gpu"), files=WAN_CONFIGS,
+         command="inspect-spec"),
     # -- prompt and action files --------------------------------------------------------------
     Case("prompts file missing", 2, r"^rollout\.prompts: cannot read 'nope\.txt' "
          r"\(FileNotFoundError: .*\); give a UTF-8 text file with one prompt per line",
@@ -463,4 +473,74 @@ CASES = [
          r"replaces every frame_\*\.png in it, so it would overwrite its input; move the input "
          r"or pick another folder$", files=(("frames/frame_000000.png", "a red ball\n"),),
          args=("-o", "frames/", "--prompts", "frames/frame_000000.png")),
+    # -- #24: a prompt schedule in latent frames (latent_frame:) ------------------------------
+    Case("a schedule entry with both frame and latent_frame", 2, r"^rollout\.prompt\[1\]: "
+         r"frame 9 and latent_frame 3 both given; give one of them$", config=rollout(prompt=[
+             {"frame": 0, "prompt": "a"}, {"frame": 9, "latent_frame": 3, "prompt": "b"}])),
+    Case("a schedule entry with neither frame nor latent_frame", 2, r"^rollout\.prompt\[1\]: "
+         r"a schedule entry needs frame \(a video frame\) or latent_frame; add one$",
+         config=rollout(prompt=[{"frame": 0, "prompt": "a"}, {"prompt": "b"}])),
+    Case("latent_frame for a pipeline without latent frames", 2, r"^rollout\.prompt\[1\]\."
+         r"latent_frame: this pipeline declares no latent frames \(video_frames_per_latent_"
+         r"frame\); give frame: \(a video frame\) instead$",
+         config={**entry("ardiff.pipelines.tiny_dit:TinyCausalDiT"), **rollout(prompt=[
+             {"frame": 0, "prompt": "a"}, {"latent_frame": 3, "prompt": "b"}])}),
+    Case("latent_frame after an on_switch: reset", 2, r"^rollout\.prompt\[2\]\.latent_frame: "
+         r"6 comes after an on_switch: reset, where the latent frames start over; give frame: "
+         r"\(a video frame\) instead$", config=rollout(prompt=[
+             {"frame": 0, "prompt": "a"}, {"frame": 2, "prompt": "b", "on_switch": "reset"},
+             {"latent_frame": 6, "prompt": "c"}])),
+    Case("a schedule whose latent_frame comes before an earlier frame", 2, r"^rollout\.prompt: "
+         r"the schedule's video frames \[0, 5, 4\] \(latent_frame entries converted\) must "
+         r"increase strictly; reorder the entries$", config=rollout(prompt=[
+             {"frame": 0, "prompt": "a"}, {"frame": 5, "prompt": "b"},
+             {"latent_frame": 4, "prompt": "c"}])),
+    # -- #26: several prompts per forward (rollout.batch, --batch) -----------------------------
+    Case("`--batch 0`", 2, r"^rollout\.batch: 0 is invalid; it must be from 1 to 65536 "
+         r"\(sessions in one forward\), or auto$", args=("--batch", "0")),
+    Case("`--batch` not a number", 2, r"^rollout\.batch: 'four' is not a batch size; give an "
+         r"integer >= 1, or auto to let ardiff choose$", args=("--batch", "four")),
+    Case("a batch larger than the resident sessions", 2, r"^rollout\.batch: 3 sessions in one "
+         r"forward, but the memory plan fits 2 resident; lower rollout\.batch to 2 or raise "
+         r"runtime\.memory_budget$", args=("--batch", "3"),
+         config={**entry("ardiff.pipelines.tiny_dit:TinyCausalDiT"),
+                 "runtime": {"max_sessions": 2}}),
+    # -- #24: a causal-Wan model folder in neither Wan2.1 layout ---------------------------------
+    Case("a causal-Wan model folder in neither layout", 2, r"^pipeline: constructing 'ardiff\."
+         r"pipelines\.causal_wan:CausalWan' with args \{.*\} raised PipelineLoadError: "
+         r"pipeline\.args\.model_dir: 'models' is in neither Wan2\.1 folder layout: the Diffusers one \(Wan-AI/Wan2\.1-T2V-1\.3B-"
+         r"Diffusers\) lacks transformer/config\.json, text_encoder/, tokenizer/; Wan's original "
+         r"one \(Wan-AI/Wan2\.1-T2V-1\.3B\) lacks config\.json, diffusion_pytorch_model\."
+         r"safetensors, Wan2\.1_VAE\.pth, models_t5_umt5-xxl-enc-bf16\.pth, google/umt5-xxl/; "
+         r"download one: hf download Wan-AI/Wan2\.1-T2V-1\.3B-Diffusers --local-dir models \(or "
+         r"hf download Wan-AI/Wan2\.1-T2V-1\.3B --local-dir models\)$",
+         config=entry(CAUSAL_WAN, **dict(TINY_WAN, model_dir="models")),
+         files=(("models/vae/config.json", json.dumps(TINY_VAE)),)),
+    # -- #26: bench --batch, sizes checked like the bench's other lists ------------------------
+    Case("`bench --batch 0`", 2, r"^--batch: 0 is invalid; it must be > 0$", command="bench",
+         args=("--batch", "1,0")),
+    Case("`bench --batch` beyond the most resident sessions", 2, r"^--batch: 65537 is invalid; "
+         r"it must be <= 65536$", command="bench", args=("--batch", "65537")),
+    Case("`bench --batch` with a size twice", 2, r"^--batch: 2 is given twice; give each batch "
+         r"size once, like 1,2,4,8$", command="bench", args=("--batch", "1,2,2")),
+    Case("`bench --batch` beside `--workers`", 2, r"^--batch: cannot be combined with "
+         r"--workers; it measures batch sizes alone: run --workers as another bench$",
+         command="bench", args=("--batch", "1,2", "--workers", "2")),
+    Case("`bench --batch` past the pipeline's session_capacity", 2, r"^--batch: 4 sessions at "
+         r"once, but the pipeline's spec holds at most 2 resident \(its session_capacity\); use "
+         r"batch sizes up to 2, or raise it where the pipeline takes it \(e\.g\. --set "
+         r"pipeline\.args\.session_capacity=4\)$", command="bench", args=("--batch", "1,4")),
+    # -- #27: ardiff serve (refused before the port is bound or the model loads) ----------------
+    Case("`serve` with several prompts (rollout.prompts)", 2, r"^rollout\.prompts: ardiff serve "
+         r"runs one prompt per session \(a request's body gives it\); remove rollout\.prompts$",
+         command="serve", args=("--port", "0"), config={"rollout": {"prompts": ["a", "b"]}}),
+    Case("`serve.queue_frames: 0`", 2, r"^serve\.queue_frames: 0 is invalid; it must be > 0$",
+         command="serve", args=("--port", "0"), config={"serve": {"queue_frames": 0}}),
+    Case("`serve --token ''`", 2, r"^--token: empty; give a secret, or leave --token out$",
+         command="serve", args=("--port", "0", "--token", "")),
+    # -- #27: ardiff serve --workers (refused before any worker starts) ---------------------------
+    Case("`serve --workers 2` with CFG-parallel ranks", 2, r"^runtime\.parallel: ardiff serve "
+         r"runs data-parallel workers only \(--workers N, one per device\); set "
+         r"runtime\.parallel\.cfg: 1 and launcher: spawn$", command="serve",
+         args=("--port", "0", "--workers", "2"), config={"runtime": {"parallel": {"cfg": 2}}}),
 ]
