@@ -198,7 +198,7 @@ def test_the_ranks_batching_merges_into_the_jobs():
     assert merge_batching([]) is None
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_cli_workers_and_batch_compose(tmp_path):
     """`ardiff rollout --workers 2 --batch 2`: each worker batches its own prompts."""
     prompts = tmp_path / "prompts.txt"
@@ -220,7 +220,7 @@ def test_cli_workers_and_batch_compose(tmp_path):
     assert [first_pixels(v) for v in videos(tmp_path, 4)] == [[0, 1, 2, 3, 4]] * 4
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_cli_tiny_dit_batch_4_writes_8_videos_as_the_unbatched_run(tmp_path):
     """The issue's check: 8 prompts, `--batch 4`, each video equal to `--batch 1`'s within
     one level of uint8 (the batched forward may sum in another order)."""
