@@ -13,7 +13,7 @@ for every backend.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol
+from typing import Any, Generic, Protocol, cast
 
 import torch
 
@@ -48,6 +48,12 @@ class RowKV(BlockKV, Protocol):
                     v: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """[visible history | k] and the same of v, as pieces to concatenate in order
         (a commit first stores k/v where its history will be)."""
+        ...
+
+    def history_stamp(self, layer: int) -> tuple[object, ...] | None:
+        """What layer `layer`'s visible history is read from now (after `keys_values`): two
+        stamps of equal parts (the same objects, equal numbers) mean the same K/V, bit for
+        bit; None: no such promise (the batched attend then copies the history anew)."""
         ...
 
 
@@ -114,6 +120,13 @@ class KVCacheBase(Generic[BranchT]):
     def stats(self) -> CacheStats:
         raise NotImplementedError
 
+    def gather_histories(self, rows: list[RowKV], layer: int
+                         ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Layer `layer`'s visible history K and V of every row, one after another
+        ([sum of the rows' history tokens, kv_heads, hs] each) in one gather per tensor;
+        None: not by one gather here (the caller concatenates row by row)."""
+        return None
+
     # -- sessions ------------------------------------------------------------
     @property
     def session_ids(self) -> list[str]:
@@ -175,7 +188,9 @@ class KVCacheBase(Generic[BranchT]):
 
 def attend_rows(cache: KVCacheBase[Any], rows: list[RowKV], layer: int, q: torch.Tensor,
                 k: torch.Tensor, v: torch.Tensor, extra_k: torch.Tensor | None,
-                extra_v: torch.Tensor | None, scale: float | None) -> torch.Tensor:
+                extra_v: torch.Tensor | None, scale: float | None,
+                memo: dict[Any, StackedKV] | None = None,
+                stores: bool = True) -> torch.Tensor:
     """Row i of q [B, q_tokens, q_heads, hs] attends to row i's [history | k[i] | extra[i]];
     returns [B, q_tokens, q_heads, hs] (docs/design.md#batched-blocks).
 
@@ -183,7 +198,18 @@ def attend_rows(cache: KVCacheBase[Any], rows: list[RowKV], layer: int, q: torch
     to row-by-row attends: CPU's SDPA is bit-equal); a row alone in its key count, a
     kernel without a stacked form, or a group past STACKED_MAX_BYTES goes row by row,
     as the single attend does. Ragged histories are grouped, never padded (masked,
-    padded SDPA measured slower than the rows one by one)."""
+    padded SDPA measured slower than the rows one by one).
+
+    `memo` (one per batch of sessions, keyed by `memo_key`): where every row has the same
+    key count, the stacked K and V of `layer` are kept there with each row's history
+    stamp; a later attend whose rows' stamps are all the same (the probes of one block and
+    of its commit read one history) copies only k/v/extra into them, not the history.
+    `stores`: the rows are a commit's (their `keys_values` store k/v, so each row runs it);
+    a probe's rows on such a hit do not."""
+    if memo is not None and not stores and len(rows) > 1 and cache.stacked_fn is not None:
+        entry = _memo_hit(memo, rows, layer, k, v, extra_k, extra_v)
+        if entry is not None:
+            return cache.stacked_fn(q, entry.keys, entry.values, scale)
     keys, values = [], []
     for row, kv in enumerate(rows):
         row_keys, row_values = kv.keys_values(layer, k[row], v[row])
@@ -195,6 +221,11 @@ def attend_rows(cache: KVCacheBase[Any], rows: list[RowKV], layer: int, q: torch
         values.append(row_values)
     if len(rows) == 1:  # the single attend's own call
         return cache.attend_fn(q[0], torch.cat(keys[0]), torch.cat(values[0]), scale)[None]
+    if memo is not None and cache.stacked_fn is not None:
+        stacked = _memo_stacked(cache, memo, rows, layer, q, keys, values, k, v, extra_k,
+                                extra_v)
+        if stacked is not None:
+            return cache.stacked_fn(q, stacked.keys, stacked.values, scale)
     groups = _stack_groups(cache, q, keys)
     if len(groups) == 1:  # lockstep: one call over every row, no copy of its output
         return _attend_stacked(cache, q, keys, values, scale)
@@ -213,6 +244,95 @@ def attend_rows(cache: KVCacheBase[Any], rows: list[RowKV], layer: int, q: torch
         for i, row in enumerate(group):
             outs[row] = group_out[i]
     return torch.stack(outs)
+
+
+@dataclass
+class StackedKV:
+    """A layer's stacked [B, history + block (+ extra), kv_heads, hs] K and V of a batch's
+    rows, and the history stamps of the rows it was copied from."""
+
+    stamps: list[tuple[object, ...]]
+    keys: torch.Tensor
+    values: torch.Tensor
+    history: int  # tokens of history before each row's block
+
+
+def _same_stamps(old: list[tuple[object, ...]], new: list[tuple[object, ...] | None]) -> bool:
+    """Each row's parts the same objects (numbers: equal) as when the memo was copied."""
+    if len(old) != len(new):
+        return False
+    for was, now in zip(old, new):
+        if now is None or len(was) != len(now):
+            return False
+        for a, b in zip(was, now):
+            if a is not b and not (type(a) is int and type(b) is int and a == b):
+                return False
+    return True
+
+
+def _memo_stacked(cache: KVCacheBase[Any], memo: dict[Any, StackedKV], rows: list[RowKV],
+                  layer: int, q: torch.Tensor, keys: list[list[torch.Tensor]],
+                  values: list[list[torch.Tensor]], k: torch.Tensor, v: torch.Tensor,
+                  extra_k: torch.Tensor | None,
+                  extra_v: torch.Tensor | None) -> StackedKV | None:
+    """The stacked K/V of every row for this attend, its history copied only when a row's
+    stamp changed; None where the rows are not one group (ragged, or too big): the caller
+    groups them."""
+    entry = _memo_hit(memo, rows, layer, k, v, extra_k, extra_v)
+    if entry is None:
+        stamps = [kv.history_stamp(layer) for kv in rows]
+        block = k.shape[1] + (0 if extra_k is None else extra_k.shape[1])
+        memo.pop(layer, None)
+        count = sum(t.shape[0] for t in keys[0])
+        if any(sum(t.shape[0] for t in pieces) != count for pieces in keys[1:]):
+            return None
+        shape = (len(rows), count, cache.spec.num_kv_heads, cache.spec.head_size)
+        per_layer = 2 * q.element_size() * shape[0] * shape[1] * shape[2] * shape[3]
+        if per_layer * cache.spec.num_layers > STACKED_MAX_BYTES:
+            return None  # as many layers kept as a group's bytes allow: none, here
+        k_rows, v_rows = q.new_empty(shape), q.new_empty(shape)
+        history = count - block
+        gathered = cache.gather_histories(rows, layer) if history else None
+        if gathered is not None:  # every row's history in one gather, then the block's
+            k_rows[:, :history].copy_(gathered[0].view(len(rows), history, *shape[2:]))
+            v_rows[:, :history].copy_(gathered[1].view(len(rows), history, *shape[2:]))
+            k_rows[:, history:history + k.shape[1]].copy_(k)
+            v_rows[:, history:history + k.shape[1]].copy_(v)
+            if extra_k is not None:
+                assert extra_v is not None, "TensorChecks.extra passes both or neither"
+                k_rows[:, history + k.shape[1]:].copy_(extra_k)
+                v_rows[:, history + k.shape[1]:].copy_(extra_v)
+        else:
+            for row, (row_keys, row_values) in enumerate(zip(keys, values)):
+                torch.cat(row_keys, out=k_rows[row])
+                torch.cat(row_values, out=v_rows[row])
+        if all(stamp is not None for stamp in stamps):
+            memo[layer] = StackedKV(cast(list[tuple[object, ...]], stamps), k_rows, v_rows,
+                                    history)
+        return StackedKV([], k_rows, v_rows, history)
+    return entry
+
+
+def _memo_hit(memo: dict[Any, StackedKV], rows: list[RowKV], layer: int, k: torch.Tensor,
+              v: torch.Tensor, extra_k: torch.Tensor | None,
+              extra_v: torch.Tensor | None) -> StackedKV | None:
+    """The memo's stacked K/V of `layer` with this attend's k/v/extra copied in after the
+    history, where every row's history stamp is the one it was copied with; else None."""
+    entry = memo.get(layer)
+    if entry is None:
+        return None
+    block = k.shape[1] + (0 if extra_k is None else extra_k.shape[1])
+    if entry.keys.shape[1] != entry.history + block or not _same_stamps(
+            entry.stamps, [kv.history_stamp(layer) for kv in rows]):
+        return None
+    start, end = entry.history, entry.history + k.shape[1]
+    entry.keys[:, start:end].copy_(k)
+    entry.values[:, start:end].copy_(v)
+    if extra_k is not None:
+        assert extra_v is not None, "TensorChecks.extra passes both or neither"
+        entry.keys[:, end:].copy_(extra_k)
+        entry.values[:, end:].copy_(extra_v)
+    return entry
 
 
 # A stacked group's K and V together stay under this (else it is split): past it the rows

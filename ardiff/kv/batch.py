@@ -19,7 +19,7 @@ import torch
 
 from ardiff.contract.forward import ARDiffusionKVBatchBlock, ARDiffusionKVStateBatch
 from ardiff.errors import KVStateError
-from ardiff.kv.backend import RowKV, attend_rows
+from ardiff.kv.backend import RowKV, StackedKV, attend_rows
 from ardiff.kv.state import Block, BlockScope, KVState
 
 
@@ -50,6 +50,9 @@ class KVStateBatch:
             seen[state.session_id] = row
             state.check_open()
         self.cache = first._cache
+        # Per (branch, layer): the rows' stacked K/V, kept while their histories stay
+        # (`attend_rows`' memo; one batch's probes and commit of a block read one history).
+        self.stacked: dict[str, dict[int, StackedKV]] = {}
 
     def __len__(self) -> int:
         return len(self._states)
@@ -116,14 +119,17 @@ class BatchBlockScope:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> Literal[False]:
-        """Every row exits (commits or gives back), even past one whose exit raises; the
-        first such error is raised, naming its row and session."""
+        """Every row exits (commits or gives back), last row first as nested `with`s would
+        (the pool hands each row's pages back to it next block, so its cached addresses
+        hold), even past one whose exit raises; the error of the first row that raised
+        (in row order) is raised, naming its row and session."""
         failures: list[tuple[int, BaseException]] = []
-        for row, scope in enumerate(self.scopes):
+        for row in range(len(self.scopes) - 1, -1, -1):
             try:
-                scope.__exit__(exc_type, exc, traceback)
+                self.scopes[row].__exit__(exc_type, exc, traceback)
             except BaseException as row_error:  # the other rows still exit
                 failures.append((row, row_error))
+        failures.reverse()
         self.scopes = []
         if self.blk is not None:
             self.blk.is_finished = True
@@ -183,8 +189,9 @@ class BatchBlock:
             self._check_each_row(layer, q, k, v, extra_k, extra_v)
         for blk in self.blocks:
             blk.attended_layers.add(layer)
+        memo = self.batch.stacked.setdefault(self.branch, {})
         return attend_rows(self.batch.cache, self._rows, layer, q, k, v, extra_k, extra_v,
-                           scale)
+                           scale, memo, self.blocks[0].is_commit)
 
     def _attend_one_row(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,

@@ -122,6 +122,11 @@ class DenseBlock:
         self.new_k[layer], self.new_v[layer] = k, v
         return [self.branch.k[layer], k], [self.branch.v[layer], v]
 
+    def history_stamp(self, layer: int) -> tuple[object, ...] | None:
+        """The layer's history tensors themselves: a commit or recache replaces them, never
+        writes into them."""
+        return (self.branch.k[layer], self.branch.v[layer])
+
     def commit(self) -> None:
         layers = range(self.branch.spec.num_layers)
         self.branch.append([self.new_k[i] for i in layers], [self.new_v[i] for i in layers],

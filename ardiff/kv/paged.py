@@ -21,7 +21,7 @@ import torch
 from ardiff.errors import KVStateError
 from ardiff.kv import ops
 from ardiff.kv.address import TokenAddress
-from ardiff.kv.backend import CacheStats, KVCacheBase
+from ardiff.kv.backend import CacheStats, KVCacheBase, RowKV
 from ardiff.kv.paged_recache import PagedRecache
 from ardiff.kv.plan import KVPlan
 from ardiff.kv.pool import PagePool
@@ -50,6 +50,12 @@ class PagedKVCache(KVCacheBase["PagedBranch"]):
         self.policy = WindowPolicy.from_spec(plan.spec)
         self.max_registers = plan.spec.max_scratch_tokens_per_branch if plan.register_pages else 0
         self.slots = [self._new_slot(slot) for slot in range(plan.spec.num_local_kv_branches)]
+        # Per layer, how far blocks' own k/v stores into in-flight pages moved the storage's
+        # version counters (K, V): pages no table shows as history, so a history stamp
+        # discounts them (None: storage made under inference_mode has no counters).
+        self.inflight_writes: list[list[int]] | None = (
+            None if self.storage.flat(0)[0].is_inference()
+            else [[0, 0] for _ in range(plan.spec.num_layers)])
 
     def _new_slot(self, slot: int) -> Slot:
         plan, spec = self.plan, self.plan.spec
@@ -82,6 +88,19 @@ class PagedKVCache(KVCacheBase["PagedBranch"]):
     def free_pages(self, page_ids: list[int]) -> None:
         self.pool.free(page_ids)
         self.storage.poison(page_ids)
+
+    def gather_histories(self, rows: list[RowKV], layer: int
+                         ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Every row's history by one `index_select` per tensor (rows of this cache's
+        `PagedBlock`s; else None)."""
+        indices = []
+        for kv in rows:
+            if not isinstance(kv, PagedBlock) or kv.cache is not self:
+                return None
+            indices.append(kv.address.history.index)
+        index = torch.cat(indices)
+        k_pool, v_pool = self.storage.flat(layer)
+        return k_pool.index_select(0, index), v_pool.index_select(0, index)
 
     def stats(self) -> CacheStats:
         """Pages in use and at peak count history and in-flight pages; `pages_total` is the
@@ -226,13 +245,32 @@ class PagedBlock:
         address = self.address
         if self.commits:
             views = address.block_views[layer]
+            counts = self.cache.inflight_writes
+            if counts is not None:
+                k_pool, v_pool = self.storage.flat(layer)
+                k_before, v_before = k_pool._version, v_pool._version
             if views is None:
                 self.storage.write(layer, address.block, k, v)
             else:
                 views[0].copy_(k)
                 views[1].copy_(v)
+            if counts is not None:
+                counts[layer][0] += k_pool._version - k_before
+                counts[layer][1] += v_pool._version - v_before
         keys, values = address.history_kv(layer)
         return [*keys, k], [*values, v]
+
+    def history_stamp(self, layer: int) -> tuple[object, ...] | None:
+        """The page table and its version (which pages are history) and the version
+        counters of the layer's storage, less what blocks' own stores into in-flight pages
+        added: any other write (a recache, a poisoned page) changes them."""
+        counts = self.cache.inflight_writes
+        if counts is None:
+            return None
+        k_pool, v_pool = self.storage.flat(layer)
+        k_own, v_own = counts[layer]
+        return (self.table, self.table.version, k_pool._version - k_own,
+                v_pool._version - v_own)
 
     def traced_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       extra_k: torch.Tensor | None, extra_v: torch.Tensor | None,

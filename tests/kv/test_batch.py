@@ -414,3 +414,67 @@ def test_a_compiled_layer_stack_attends_a_batch(rows):
         assert not torch.isnan(outs[1]).any()
         torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
     assert caches[1].num_committed_frames("s0", "main") == 2
+
+
+# -- one batch over several blocks: its stacked K/V kept while histories stay (#26) ---------
+
+def test_one_batch_across_probes_commits_and_recaches_reads_each_blocks_history():
+    """A KVStateBatch reused block after block (as a pipeline's probes and commit are) keeps
+    each layer's stacked K/V between attends; a commit, a recache or a row's own single
+    block in between must show in the next attend, exactly as fresh row-by-row attends."""
+    torch.manual_seed(3)
+    sids = ["a", "b", "c"]
+    caches = {arm: create_cache(plan_(spec_(), rows=3), backend, poison=backend == "paged")
+              for arm, backend in (("paged", "paged"), ("dense", "dense"), ("single", "paged"))}
+    batches = {arm: batch_(caches[arm], sids) for arm in ("paged", "dense")}
+
+    def block(commit):
+        inputs = [qkv(3) + (torch.randn(3, 2, H, HS), torch.randn(3, 2, H, HS))
+                  for _ in range(L)]
+        outs = {}
+        for arm, states in batches.items():
+            with states.block("main", commit=commit) as blk:
+                outs[arm] = [blk.attend(layer, q, k, v, ek, ev)
+                             for layer, (q, k, v, ek, ev) in enumerate(inputs)]
+        single = []
+        for row, sid in enumerate(sids):
+            state = open_state(caches["single"], sid)
+            with state.block("main", commit=commit) as blk:
+                single.append([blk.attend(layer, q[row], k[row], v[row], ek[row], ev[row])
+                               for layer, (q, k, v, ek, ev) in enumerate(inputs)])
+            state.close()
+        for layer in range(L):
+            want = torch.stack([single[row][layer] for row in range(3)])
+            assert torch.equal(outs["paged"][layer], want), layer
+            assert torch.equal(outs["dense"][layer], want), layer
+
+    def on_every_cache(act):  # the same change to one row's session on every cache
+        q, k, v = qkv(1)
+        for arm in ("paged", "dense", "single"):
+            states = batches.get(arm)
+            state = states[1] if states is not None else open_state(caches[arm], "b")
+            with act(state) as blk:
+                for layer in range(L):
+                    blk.attend(layer, q[0], k[0], v[0])
+            if states is None:
+                state.close()
+
+    def row_commit(state):
+        return state.block("main", commit=True)
+
+    def row_recache(state):
+        return state.recache("main", state.num_committed_frames("main") - 1)
+
+    for _ in range(4):       # history for every row, through the window and past it
+        block(commit=False)
+        block(commit=False)
+        block(commit=True)
+    on_every_cache(row_commit)   # row 1 alone moves on: its history is another now
+    block(commit=False)
+    block(commit=False)
+    on_every_cache(row_recache)  # row 1's last frame rewritten in place: same pages
+    block(commit=False)
+    block(commit=True)
+    for states in batches.values():
+        for state in states:
+            state.close()
