@@ -61,10 +61,23 @@ def rotate(x: torch.Tensor, rope: Rope) -> torch.Tensor:
     """Rotate x [..., tokens, heads, head_size] pairwise by `rope` [..., tokens, head_size // 2].
 
     Computed in float32, returned in x's dtype; every head of a token turns the same way.
+    At inference each half is written into its place of one output (the same products and
+    sums, so the same bits as the stacked form, without stacking a copy); under a compiler,
+    which fuses the stack, and wherever gradients flow (training: `out=` has no autograd)
+    it is the stacked form.
     """
-    x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    pairs = x.float().unflatten(-1, (-1, 2))
+    x1, x2 = pairs.unbind(-1)
     cos, sin = rope.cos[..., None, :], rope.sin[..., None, :]
-    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2).to(x.dtype)
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (
+            pairs.requires_grad or cos.requires_grad)):
+        return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos],
+                           dim=-1).flatten(-2).to(x.dtype)
+    out = torch.empty_like(pairs)
+    first, second = out.unbind(-1)
+    torch.mul(x1, cos, out=first).sub_(x2 * sin)
+    torch.mul(x1, sin, out=second).add_(x2 * cos)
+    return out.flatten(-2).to(x.dtype)
 
 
 class RotaryEmbedding:

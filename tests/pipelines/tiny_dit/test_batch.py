@@ -207,3 +207,38 @@ def test_cfg_parallel_batches_equal_one_process(monkeypatch):
     single = run(batch_runner(one, "paged", 3), schedule, batched=False)
     for out in outs:
         assert_rows_match(out, single)
+
+
+def test_the_decoder_gives_the_same_bits_in_any_chunks(monkeypatch):
+    """Frames decode a cache-sized chunk at a time (`DECODE_CHUNK_BYTES`): one frame per
+    chunk, the default and every frame at once give the same bits, rows alone or together."""
+    from ardiff.pipelines.tiny_dit import decoder
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        dec = LatentDecoder(4, 2).eval()
+        latents, state = torch.randn(3, 2, 4, 8, 8), torch.randn(4, 8, 8)
+    previous = [None, state, None]
+    frames, states = {}, {}
+    for name, size in [("default", decoder.DECODE_CHUNK_BYTES), ("frame", 1), ("all", 1 << 40)]:
+        monkeypatch.setattr(decoder, "DECODE_CHUNK_BYTES", size)
+        frames[name], states[name] = dec.decode_rows(latents, previous)
+        assert all(map(torch.equal, states[name], states["default"]))
+    alone = torch.cat([dec.decode_rows(latents[row:row + 1], previous[row:row + 1])[0]
+                       for row in range(3)])
+    assert frames["default"].shape == (3, 2, 16, 16, 3)
+    for other in (frames["frame"], frames["all"], alone):
+        assert torch.equal(other, frames["default"])
+
+
+def test_rotate_writes_the_same_bits_as_the_stacked_form():
+    """`rotate` fills one output in place; the stacked form (what a compiler sees) is the
+    same products and sums."""
+    from ardiff.pipelines.shared.nn import Rope, rotate
+
+    rope = Rope.from_angles(torch.randn(2, 12, 8) * 30)
+    cos, sin = rope.cos[..., None, :], rope.sin[..., None, :]
+    for x in (torch.randn(2, 12, 4, 16), torch.randn(2, 12, 4, 16).bfloat16()):
+        x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+        stacked = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+        assert torch.equal(rotate(x, rope), stacked.to(x.dtype))
