@@ -86,13 +86,7 @@ def create_app(manager: SessionManager, token: str | None = None,
         return {"status": status,
                 "sessions": manager.live_sessions, "capacity": manager.capacity}
 
-    @app.get("/", include_in_schema=False)
-    async def page() -> Response:
-        return _page_file("index.html")
-
-    @app.get("/static/{name}", include_in_schema=False)
-    async def page_file(name: str) -> Response:
-        return _page_file(name)
+    add_page_routes(app)
 
     @app.get("/v1/info")
     async def server_info() -> dict[str, Any]:
@@ -322,6 +316,18 @@ def describe_server(manager: SessionManager) -> dict[str, Any]:
                          "seed": config.rollout.seed, "frames": config.rollout.frames,
                          "fps": config.output.fps,
                          "mode": "paced" if names is not None else "fast"}}
+
+
+def add_page_routes(app: FastAPI) -> None:
+    """The page at `/` and its files at `/static/NAME` (served by one server or the front)."""
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> Response:
+        return _page_file("index.html")
+
+    @app.get("/static/{name}", include_in_schema=False)
+    async def page_file(name: str) -> Response:
+        return _page_file(name)
 
 
 def _page_file(name: str) -> Response:

@@ -40,9 +40,9 @@ from ardiff.serve.app import (
     WS_POLICY_VIOLATION,
     WS_UNKNOWN,
     _has_token,
-    _page_file,
     _read_body,
     _reason,
+    add_page_routes,
 )
 from ardiff.serve.frames import parse_frame_message
 from ardiff.serve.metrics import PREFIX
@@ -92,13 +92,7 @@ def create_front_app(pool: WorkerPool, token: str | None = None) -> FastAPI:
         return {"status": status, "sessions": sum(w.get("sessions") or 0 for w in workers),
                 "capacity": sum(w.get("capacity") or 0 for w in workers), "workers": workers}
 
-    @app.get("/", include_in_schema=False)
-    async def page() -> Response:
-        return _page_file("index.html")
-
-    @app.get("/static/{name}", include_in_schema=False)
-    async def page_file(name: str) -> Response:
-        return _page_file(name)
+    add_page_routes(app)
 
     @app.get("/v1/info")
     async def server_info() -> Response:

@@ -103,7 +103,7 @@ class SessionManager(BlockScheduler):
         try:
             if config.warmup.enabled:
                 runner.warmup()
-            output_dir, owns = _output_dir(config)
+            output_dir, owns = output_folder(config)
             return cls(config, runner, output_dir, owns)
         except BaseException:
             runner.close()
@@ -335,8 +335,9 @@ def _check_one_worker(config: RunConfig) -> None:
                           "several are a WorkerPool's (ardiff.serve.workers)")
 
 
-def _output_dir(config: RunConfig) -> tuple[Path, bool]:
-    """serve.output_dir (created), or a new temporary folder the server owns."""
+def output_folder(config: RunConfig) -> tuple[Path, bool]:
+    """serve.output_dir (created, absolute), or a new temporary folder the server owns (True).
+    One server's recordings, or with --workers the root of each worker's folder."""
     if config.serve.output_dir is None:
         return Path(tempfile.mkdtemp(prefix="ardiff-serve-")), True
     folder = Path(config.serve.output_dir)
@@ -348,7 +349,7 @@ def _output_dir(config: RunConfig) -> tuple[Path, bool]:
         raise ConfigError(f"serve.output_dir: cannot create {str(folder)!r} "
                           f"({type(exc).__name__}: {exc.strerror}); choose a writable "
                           f"folder") from exc
-    return folder, False
+    return folder.resolve(), False
 
 
 def _body_path(message: str) -> str:

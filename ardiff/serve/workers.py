@@ -28,7 +28,6 @@ import secrets
 import shutil
 import signal
 import socket
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -105,7 +104,7 @@ class WorkerPool:
     worker (died, restarted) for the command to print."""
 
     def __init__(self, config: RunConfig, on_event: Callable[[str], None] | None = None) -> None:
-        from ardiff.serve.manager import check_serve_config
+        from ardiff.serve.manager import check_serve_config, output_folder
 
         check_serve_config(config)
         parallel = config.runtime.parallel
@@ -122,7 +121,7 @@ class WorkerPool:
         self.on_event = on_event or (lambda line: None)
         self.secret = secrets.token_urlsafe(32)
         self.threads = rank_threads(parallel.threads, host_cores(), self.size)
-        self.output_root, self.owns_output_root = _output_root(config)
+        self.output_root, self.owns_output_root = output_folder(config)  # workers: a folder each
         self.slots = [WorkerSlot(i, rank_device(device, i)) for i in range(self.size)]
         self.routes: dict[str, Route] = {}
         self.lost: collections.OrderedDict[str, tuple[int, str]] = collections.OrderedDict()
@@ -455,23 +454,6 @@ def _start_forkserver() -> None:
         forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-
-
-def _output_root(config: RunConfig) -> tuple[Path, bool]:
-    """serve.output_dir (created; each worker records into its own folder under it), or a
-    temporary folder the front owns and removes."""
-    if config.serve.output_dir is None:
-        return Path(tempfile.mkdtemp(prefix="ardiff-serve-")), True
-    folder = Path(config.serve.output_dir)
-    if not folder.is_absolute():
-        folder = config.base_dir / folder
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"serve.output_dir: cannot create {str(folder)!r} "
-                          f"({type(exc).__name__}: {exc.strerror}); choose a writable "
-                          f"folder") from exc
-    return folder.resolve(), False
 
 
 def _error(line: str, exit_code: int) -> ArdiffError:
