@@ -47,10 +47,10 @@ def serve_command(
     overrides: options.OverrideList = options.SetOpt,
     debug: bool = options.DebugOpt,
 ) -> None:
-    """Serve live sessions of a pipeline over HTTP and WebSocket (no CONFIG: the default).
+    r"""Serve live sessions of a pipeline over HTTP and WebSocket (no CONFIG: the default).
 
     SIGINT or SIGTERM: no new sessions, the blocks in flight finish, every session is
-    closed (its pages back), exit 0. Needs the serve extra: pip install 'ardiff[serve]'.
+    closed (its pages back), exit 0. Needs the serve extra: pip install 'ardiff\[serve]'.
     """
     with signals.StopSignals(), handle_errors(debug):  # while loading, a signal ends it: 130
         if token is not None and not token.strip():

@@ -55,6 +55,7 @@ def test_a_bad_serve_setting_is_one_line_and_exit_2(ardiff_main, tmp_path, monke
 def test_the_help_names_the_api(ardiff_main):
     result = ardiff_main("serve", "--help")
     assert result.exit_code == 0 and "--token" in result.stdout and "SIGTERM" in result.stdout
+    assert "'ardiff[serve]'" in " ".join(result.stdout.split())  # not eaten as Rich markup
 
 
 @pytest.mark.heavy
