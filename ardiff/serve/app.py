@@ -68,16 +68,7 @@ def create_app(manager: SessionManager, token: str | None = None,
     metrics = ServeMetrics(manager)
     limits = manager.config.serve
 
-    @app.middleware("http")
-    async def authorize(request: Request, call_next: Any) -> Response:
-        if token is not None and request.url.path not in OPEN_PATHS and not _has_token(
-                request.headers.get("authorization"), None, token):
-            return JSONResponse({"error": "missing or wrong token; send Authorization: Bearer "
-                                          "<token>"}, 401, {"WWW-Authenticate": "Bearer"})
-        response: Response = await call_next(request)
-        if worker is not None:
-            response.headers["x-ardiff-worker"] = str(worker)
-        return response
+    add_token_check(app, token, worker)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -316,6 +307,22 @@ def describe_server(manager: SessionManager) -> dict[str, Any]:
                          "seed": config.rollout.seed, "frames": config.rollout.frames,
                          "fps": config.output.fps,
                          "mode": "paced" if names is not None else "fast"}}
+
+
+def add_token_check(app: FastAPI, token: str | None, worker: int | None = None) -> None:
+    """Every HTTP request but `OPEN_PATHS` needs `Authorization: Bearer <token>` (no token:
+    none does); a worker of a pool names itself in `x-ardiff-worker` on every answer."""
+
+    @app.middleware("http")
+    async def authorize(request: Request, call_next: Any) -> Response:
+        if token is not None and request.url.path not in OPEN_PATHS and not _has_token(
+                request.headers.get("authorization"), None, token):
+            return JSONResponse({"error": "missing or wrong token; send Authorization: Bearer "
+                                          "<token>"}, 401, {"WWW-Authenticate": "Bearer"})
+        response: Response = await call_next(request)
+        if worker is not None:
+            response.headers["x-ardiff-worker"] = str(worker)
+        return response
 
 
 def add_page_routes(app: FastAPI) -> None:

@@ -35,7 +35,6 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from ardiff.serve.app import (
-    OPEN_PATHS,
     WS_FAILED,
     WS_POLICY_VIOLATION,
     WS_UNKNOWN,
@@ -43,6 +42,7 @@ from ardiff.serve.app import (
     _read_body,
     _reason,
     add_page_routes,
+    add_token_check,
 )
 from ardiff.serve.frames import parse_frame_message
 from ardiff.serve.metrics import PREFIX
@@ -74,14 +74,7 @@ def create_front_app(pool: WorkerPool, token: str | None = None) -> FastAPI:
     def http() -> httpx.AsyncClient:
         return clients["http"]
 
-    @app.middleware("http")
-    async def authorize(request: Request, call_next: Any) -> Response:
-        if token is not None and request.url.path not in OPEN_PATHS and not _has_token(
-                request.headers.get("authorization"), None, token):
-            return JSONResponse({"error": "missing or wrong token; send Authorization: Bearer "
-                                          "<token>"}, 401, {"WWW-Authenticate": "Bearer"})
-        response: Response = await call_next(request)
-        return response
+    add_token_check(app, token)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import re
 import string
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -268,6 +270,7 @@ def main() -> None:
                         help="write only transformer/, vae/ and text_encoder/ config.json "
                              "(for inspect-spec)")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
     if args.configs_only and args.layout == WAN:
         parser.error("--configs-only writes the diffusers layout: Wan's reads the VAE's widths "
                      "from Wan2.1_VAE.pth, so write the whole folder")
@@ -279,7 +282,7 @@ def main() -> None:
         write_configs(args.out, transformer, vae)
     else:
         write_model(args.out, args.shape, args.num_layers, args.seed, args.layout)
-    print(f"wrote {args.out}", flush=True)
+    logging.getLogger(__name__).info("wrote %s", args.out)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -34,13 +36,15 @@ from ardiff.pipelines.bouncing.training.losses import (
 )
 from ardiff.pipelines.bouncing.training.streams import ROLLOUT_DEPTH, Streams
 
+log = logging.getLogger(__name__)  # progress; `main` shows it on stdout
+
 COMMAND = "python -m ardiff.pipelines.bouncing.train"
 EVALUATION = "python -m ardiff.pipelines.bouncing.evaluate (held-out episodes, runtime path)"
 WEIGHT_DECAY, BETAS = 0.01, (0.9, 0.98)
 FINAL_LR_FRACTION = 0.05    # the cosine schedule ends at 5% of the peak learning rate
 MAX_WARMUP_STEPS = 100      # linear warmup: this many steps, or a tenth of a short run
 MAX_GRAD_NORM = 1.0
-LOSS_EMA = 0.98             # smoothing of the printed loss
+LOSS_EMA = 0.98             # smoothing of the logged loss
 # Stage 2 ships only if it keeps this many more balls at frame 96, losing at most
 # this many at frame 30.
 MIN_GAIN_96, MAX_LOSS_30 = 0.03, 0.01
@@ -76,9 +80,9 @@ def train(model, steps: int, lr: float, seed: int, next_batch, log_every: int = 
             LOSS_EMA * running + (1 - LOSS_EMA) * loss.item())
         if (step + 1) % log_every == 0 or step + 1 == steps:
             elapsed = time.time() - start
-            print(f"  step {step + 1:5d}/{steps}  loss {running:.4f}  "
+            log.info(f"  step {step + 1:5d}/{steps}  loss {running:.4f}  "
                   f"lr {schedule.get_last_lr()[0]:.2e}  {elapsed / 60:5.1f} min "
-                  f"({elapsed / (step + 1):.2f} s/step)", flush=True)
+                  f"({elapsed / (step + 1):.2f} s/step)")
     return (time.time() - start) / 60
 
 
@@ -86,8 +90,8 @@ def train_base(args, minutes: dict[str, float]) -> BouncingDiT:
     """Stage 1; its training minutes go to minutes["teacher_forcing"]."""
     torch.manual_seed(args.seed)
     model = BouncingDiT(BouncingConfig())
-    print(f"stage 1: teacher forcing, {sum(p.numel() for p in model.parameters()):,} parameters, "
-          f"{args.base_steps} steps of {args.batch} clips x {CLIP} frames", flush=True)
+    log.info(f"stage 1: teacher forcing, {sum(p.numel() for p in model.parameters()):,} parameters, "
+          f"{args.base_steps} steps of {args.batch} clips x {CLIP} frames")
 
     def next_batch(rng, gen):
         clean, actions = simulated_batch(rng, args.batch, CLIP)
@@ -100,8 +104,8 @@ def train_base(args, minutes: dict[str, float]) -> BouncingDiT:
 
 def train_rollout(model: BouncingDiT, args, minutes: dict[str, float]) -> BouncingDiT:
     """Stage 2; its training minutes go to minutes["self_rollout"]."""
-    print(f"stage 2: self-rollout, {args.rollout_steps} steps of {args.batch} streams "
-          f"({ROLLOUT_DEPTH[0]}-{ROLLOUT_DEPTH[1] - 1} generated frames each)", flush=True)
+    log.info(f"stage 2: self-rollout, {args.rollout_steps} steps of {args.batch} streams "
+          f"({ROLLOUT_DEPTH[0]}-{ROLLOUT_DEPTH[1] - 1} generated frames each)")
     streams = Streams(model, args.batch, np.random.default_rng([args.seed, 2]))
 
     def next_batch(rng, gen):  # own-rollout loss plus teacher forcing on half a batch
@@ -117,9 +121,9 @@ def train_rollout(model: BouncingDiT, args, minutes: dict[str, float]) -> Bounci
 
 def evaluate_file(path: Path, label: str) -> dict[str, float]:
     """Evaluate weights as shipped (bf16 on disk, float32 at run time)."""
-    print(f"evaluating {label} ({path})", flush=True)
+    log.info(f"evaluating {label} ({path})")
     metrics = evaluate.evaluate(str(path))
-    print(evaluate.report(metrics), flush=True)
+    log.info(evaluate.report(metrics))
     return metrics
 
 
@@ -149,7 +153,7 @@ def ship(args, base_path: Path, tuned_path: Path, minutes: dict[str, float]) -> 
     shipped = shipped_weights()
     save_weights(load_weights(BouncingConfig(weights=str(chosen))), shipped, numbers[keep])
     shipped.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-    print(f"shipped the {keep.replace('_', ' ')} weights: {shipped}", flush=True)
+    log.info(f"shipped the {keep.replace('_', ' ')} weights: {shipped}")
 
 
 def main() -> None:
@@ -166,17 +170,18 @@ def main() -> None:
     parser.add_argument("--rollout-lr", type=float, default=2e-4)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     base_path, tuned_path = args.out / "base.safetensors", args.out / "rollout.safetensors"
     minutes: dict[str, float] = {}   # training minutes per stage, for the weights' record
     if args.stage in ("all", "base"):
         save_weights(train_base(args, minutes), base_path)
-        print(f"wrote {base_path}", flush=True)
+        log.info(f"wrote {base_path}")
     if args.stage in ("all", "rollout"):
         base_path = args.init or base_path
         model = load_weights(BouncingConfig(weights=str(base_path)))
         save_weights(train_rollout(model, args, minutes), tuned_path)
-        print(f"wrote {tuned_path}", flush=True)
+        log.info(f"wrote {tuned_path}")
         ship(args, base_path, tuned_path, minutes)
 
