@@ -83,8 +83,10 @@ def test_each_writer_encodes_into_its_own_hidden_work_file(tmp_path):
     for _ in range(ENCODE_BATCH_BLOCKS):  # the encoders start on a whole batch
         first.write(flat(1, 2))
         second.write(flat(2, 2))
-    deadline = time.monotonic() + 5
-    while len(work_files(tmp_path)) < 2 and time.monotonic() < deadline:
+    deadline = time.monotonic() + 5  # each encoder thread makes its work file, then locks it
+    while time.monotonic() < deadline and not (
+            len(work_files(tmp_path)) == 2
+            and all(is_locked(tmp_path / name) for name in work_files(tmp_path))):
         time.sleep(0.01)
 
     names = work_files(tmp_path)
