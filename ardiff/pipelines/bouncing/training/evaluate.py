@@ -1,15 +1,24 @@
-"""The bouncing world model's numbers on held-out simulated episodes (the table in ../README.md).
+"""The bouncing world model's numbers (the tables in ../README.md): how well it predicts, and
+how well it keeps its world over whole games.
 
     next-frame error  MSE of the frame predicted after HISTORY true frames (one step from
                       t = 1, and the sampler), against copying the last true frame
+    games             WORLDS worlds (seeds 0.., `SimState.from_seed`: what `ardiff rollout` and
+                      `ardiff play` start from), each FRAMES frames steered like a player
+                      would (`games.player_actions`), scored on the generated frames:
+    sprite visible    frames whose white pixels (the locator's) keep at least SPRITE_KEPT of
+                      the sprite's area; the share of generated frames, and of games at their
+                      last frame. `sprite in place` is stricter: the sprite whole, where the
+                      simulator has it (`games.sprite_visible`)
     position error    balls' and sprite's centroids (by colour) in the first generated
                       frames against the simulator's, px (not found: MISSING_PX)
     balls kept        (ball, frame) pairs around frames 30 and 96 whose colour is one blob
                       of about the ball's area (the simulator scores below 1: occlusion)
 
-The rollouts are `ardiff rollout`'s path: the pipeline through ardiff's runner and paged
-cache, one session per episode. Run as `python -m ardiff.pipelines.bouncing.evaluate`
-(`main`: argv, prints); `evaluate` returns the numbers.
+The games are `ardiff rollout`'s path: the pipeline through ardiff's runner and paged
+cache, ROWS sessions per batched forward (bit-equal to one session per forward). Run as
+`python -m ardiff.pipelines.bouncing.evaluate` (`main`: argv, prints); `evaluate` returns
+the numbers.
 """
 
 from __future__ import annotations
@@ -31,17 +40,19 @@ from ardiff.pipelines.bouncing.model import (
     pixels_to_model,
     sample_next,
 )
-from ardiff.pipelines.bouncing.training import locator
+from ardiff.pipelines.bouncing.training import games, locator
 
-EVAL_SEED = 10_007        # held out: training draws its worlds from default_rng(seed) streams
-EPISODES = 64
-FRAMES = 96
+EVAL_SEED = 10_007        # held out: the next-frame clips (training draws default_rng(seed))
+WORLDS = 64               # games in worlds 0..WORLDS-1 (the default config's world, 5, among them)
+FRAMES = 96               # frames per game, the 4 start frames included (6 s at 16 fps)
+ROWS = 16                 # sessions per batched forward
 HISTORY = 9               # true frames before the predicted one (next-frame error)
 POSITION_FRAMES = 8       # generated frames scored for position error
 KEPT_AT = (30, 96)        # frame numbers (1-based) whose windows score balls kept
 KEPT_FRAMES = 5           # ... over this many frames ending there
 KEPT_RANGE = (0.5, 1.5)   # area / true area for a ball to count as kept
 KEPT_SPREAD = 1.3         # ... and spread / true spread at most this (one blob, not specks)
+SPRITE_KEPT = 0.25        # a frame shows the sprite while this share of its area is white
 MISSING_PX = 8.0          # the position error of an object the locator cannot find
 VISIBLE_AREA = 0.8        # a ball counts for position error when this much of it shows
 ENTRY = "ardiff.pipelines.bouncing:BouncingWorld"
@@ -49,35 +60,76 @@ NOISE_SEED = 1            # the noise of the next-frame clips
 
 
 def episodes(count: int, frames: int, seed: int = EVAL_SEED):
-    """Held-out episodes: world seeds (as the pipeline's request.seed), their initial states,
-    random actions [B, frames] and the simulator's frames [B, frames, 3, s, s]."""
+    """Held-out clips: world seeds, their initial states, random actions [B, frames] and the
+    simulator's frames [B, frames, 3, s, s] (the next-frame error's)."""
     seeds = [seed + i for i in range(count)]
+    actions = sim.random_actions(np.random.default_rng([seed, count, frames]), count, frames)
+    return seeds, *simulated(seeds, actions)
+
+
+def simulated(seeds: list[int], actions: np.ndarray
+              ) -> tuple[sim.SimState, np.ndarray, np.ndarray]:
+    """The worlds the seeds name (`SimState.from_seed`) as one batch, and their frames under
+    actions [B, F]: (state, actions, frames [B, F, 3, s, s])."""
     worlds = [sim.SimState.from_seed(s) for s in seeds]
     state = sim.SimState(*(np.concatenate([getattr(w, name) for w in worlds])
                            for name in ("pos", "vel", "radius", "colour", "alive", "sprite")))
-    actions = sim.random_actions(np.random.default_rng([seed, count, frames]), count, frames)
-    return seeds, state, actions, sim.simulate(state, actions)[0]
+    return state, actions, sim.simulate(state, actions)[0]
+
+
+def player_games(count: int = WORLDS, frames: int = FRAMES):
+    """The games: worlds 0..count-1, a player's keys each (`games.player_actions`, seeded):
+    seeds, initial states, actions [B, frames] and the simulator's frames."""
+    rng = np.random.default_rng(games.ACTIONS_SEED)
+    keys = [games.player_actions(rng, frames) for _ in range(count)]
+    seeds = list(range(count))
+    actions = np.array([[sim.ACTIONS.index(name) for name in game] for game in keys])
+    return seeds, *simulated(seeds, actions)
 
 
 def runtime_rollouts(weights: str | None, seeds: list[int], actions: np.ndarray,
-                     **overrides) -> np.ndarray:
-    """Each episode through ardiff's runner and paged cache -> [B, F, 3, s, s] in [0, 1];
-    `overrides` are pipeline args (BouncingConfig fields)."""
-    args = {"weights": weights, **overrides}
+                     rows: int = ROWS, **overrides) -> np.ndarray:
+    """Each episode through ardiff's runner and paged cache, `rows` sessions per batched
+    forward -> [B, F, 3, s, s] in [0, 1]; `overrides` are pipeline args (BouncingConfig fields)."""
+    args = {"weights": weights, "session_capacity": rows, **overrides}
     config = ardiff.build_config({"pipeline": {"entry": ENTRY, "args": args},
                                   "runtime": {"device": "cpu", "memory_budget": "64MiB"}})
-    runner, upscale = ardiff.build_runner(config), BouncingConfig(**args).upscale
+    runner, upscale = ardiff.build_runner(config, batch_rows=rows), BouncingConfig(**args).upscale
     videos = []
     try:
-        for seed, row in zip(seeds, actions):
-            frames = [runner.execute(ardiff.RolloutRequest(
-                f"episode-{seed}", block_index=f, seed=seed, actions=(sim.ACTIONS[a],),
-                close_session=f == len(row) - 1)).output.frames for f, a in enumerate(row)]
-            video = torch.cat(frames)[:, ::upscale, ::upscale].permute(0, 3, 1, 2)
+        for first in range(0, len(seeds), rows):
+            group = range(first, min(first + rows, len(seeds)))
+            blocks = []
+            for f in range(actions.shape[1]):
+                results = runner.execute_batch([ardiff.RolloutRequest(
+                    f"episode-{seeds[b]}", block_index=f, seed=seeds[b],
+                    actions=(sim.ACTIONS[actions[b, f]],), close_session=f == actions.shape[1] - 1)
+                    for b in group])
+                blocks.append(torch.cat([r.output.frames for r in results]))  # [rows, H, W, 3]
+            video = torch.stack(blocks, 1)[:, :, ::upscale, ::upscale].permute(0, 1, 4, 2, 3)
             videos.append(video.float().numpy() / 255)
     finally:
         runner.close()
-    return np.stack(videos)
+    return np.concatenate(videos)
+
+
+def sprite_shown(video: np.ndarray) -> np.ndarray:
+    """[B, F] bool: frames [B, F, 3, H, W] in [0, 1] whose white pixels keep at least
+    SPRITE_KEPT of the sprite's area (wherever they are)."""
+    return locator.locate_sprite(video).area[..., 0] >= SPRITE_KEPT * games.sprite_alone().area[0, 0, 0]
+
+
+def sprite_numbers(video: np.ndarray, seeds: list[int], actions: np.ndarray,
+                   context: int) -> dict[str, float]:
+    """The sprite's share of generated frames shown and in place, and of games showing it at
+    the last frame; video [B, F, 3, H, W], the first `context` frames the simulator's."""
+    keys = [[sim.ACTIONS[a] for a in game] for game in actions]
+    shown = sprite_shown(video)
+    in_place = games.sprite_visible(video, games.sprite_corners(seeds, keys))
+    return {"sprite_visible_frames": float(shown[:, context:].mean()),
+            "sprite_visible_at_end": float(shown[:, -1].mean()),
+            "sprite_in_place_frames": float(in_place[:, context:].mean()),
+            "sprite_in_place_at_end": float(in_place[:, -1].mean())}
 
 
 @torch.inference_mode()
@@ -122,19 +174,20 @@ def balls_kept(video: np.ndarray, state: sim.SimState, frame_number: int) -> flo
     return float(kept[np.broadcast_to(state.alive[:, None], kept.shape)].mean())
 
 
-def evaluate(weights: str | None = None, episodes_count: int = EPISODES, clips: int = 256,
-             **overrides) -> dict[str, float]:
-    """Every number of ../README.md's table for one weights file (None: the shipped weights), the
-    pipeline run with args `overrides` (BouncingConfig fields, e.g. num_steps)."""
+def evaluate(weights: str | None = None, worlds: int = WORLDS, clips: int = 256,
+             frames: int = FRAMES, **overrides) -> dict[str, float]:
+    """Every number of ../README.md's tables for one weights file (None: the shipped weights),
+    the pipeline run with args `overrides` (BouncingConfig fields, e.g. num_steps)."""
     config = BouncingConfig(weights=weights, **overrides)
-    metrics = {"num_steps": config.num_steps,
+    metrics = {"num_steps": config.num_steps, "worlds": worlds, "frames": frames,
                **next_frame_error(load_weights(config).eval(), clips)}
-    seeds, state, actions, true = episodes(episodes_count, FRAMES)
+    seeds, state, actions, true = player_games(worlds, frames)
     video = runtime_rollouts(weights, seeds, actions, **overrides)
     context = config.context_frames
+    metrics.update(sprite_numbers(video, seeds, actions, context))
     metrics.update(position_errors(video, true, state,
                                    slice(context, context + POSITION_FRAMES)))
-    for n in KEPT_AT:
+    for n in (n for n in KEPT_AT if n <= frames):
         metrics[f"balls_kept_{n}"] = balls_kept(video, state, n)
         metrics[f"sim_balls_kept_{n}"] = balls_kept(true, state, n)
     return metrics
@@ -143,31 +196,53 @@ def evaluate(weights: str | None = None, episodes_count: int = EPISODES, clips: 
 def report(metrics: dict[str, float]) -> str:
     m = metrics
     return "\n".join([
-        f"denoising steps per frame        {m['num_steps']}",
-        f"next-frame MSE (t=1, one step)   {m['next_frame_mse_t1']:.4f}",
-        f"next-frame MSE (4-step sampler)  {m['next_frame_mse_sampled']:.4f}",
-        f"copy-last-frame MSE              {m['copy_last_frame_mse']:.4f}",
+        f"games                            {m['worlds']} worlds x {m['frames']} frames, "
+        f"{m['num_steps']} denoising steps per frame",
+        f"sprite visible, generated frames {m['sprite_visible_frames']:.2f}",
+        f"sprite visible at the last frame {m['sprite_visible_at_end']:.2f}",
+        f"sprite in place, generated       {m['sprite_in_place_frames']:.2f}",
+        f"sprite in place at the last      {m['sprite_in_place_at_end']:.2f}",
+        *[f"balls kept at frame {n:<2d}           {m[f'balls_kept_{n}']:.2f}"
+          f"  (simulator {m[f'sim_balls_kept_{n}']:.2f})" for n in KEPT_AT
+          if f"balls_kept_{n}" in m],
         f"ball position error, 8 frames    {m['ball_position_error_px']:.2f} px",
         f"sprite position error, 8 frames  {m['sprite_position_error_px']:.2f} px",
-        *[f"balls kept at frame {n:<2d}           {m[f'balls_kept_{n}']:.2f}"
-          f"  (simulator {m[f'sim_balls_kept_{n}']:.2f})" for n in KEPT_AT]])
+        f"next-frame MSE (t=1, one step)   {m['next_frame_mse_t1']:.4f}",
+        f"next-frame MSE (sampler)         {m['next_frame_mse_sampled']:.4f}",
+        f"copy-last-frame MSE              {m['copy_last_frame_mse']:.4f}"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Print the bouncing world model's numbers.")
     parser.add_argument("--weights", help="a .safetensors file (default: the shipped weights)")
-    parser.add_argument("--episodes", type=int, default=EPISODES)
+    parser.add_argument("--worlds", type=int, default=WORLDS, help="games, in worlds 0..N-1")
+    parser.add_argument("--frames", type=int, default=FRAMES, help="frames per game")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a pipeline arg, e.g. num_steps=1 or window_frames=6")
     parser.add_argument("--num-steps", type=int,
                         help="denoising steps per frame (default: the pipeline's, 4)")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    overrides = {} if args.num_steps is None else {"num_steps": args.num_steps}
-    metrics = evaluate(args.weights, args.episodes, **overrides)
+    overrides = dict(pipeline_arg(text) for text in args.set)
+    if args.num_steps is not None:
+        overrides["num_steps"] = args.num_steps
+    metrics = evaluate(args.weights, args.worlds, frames=args.frames, **overrides)
     print(report(metrics))
     if args.json:
         args.json.write_text(json.dumps(metrics, indent=2) + "\n")
+
+
+def pipeline_arg(text: str) -> tuple[str, object]:
+    """'FIELD=VALUE' -> (field, value), the value read as YAML (numbers stay numbers)."""
+    import yaml
+
+    field, sep, value = text.partition("=")
+    if not sep or field not in BouncingConfig.__dataclass_fields__:
+        raise SystemExit(f"--set: {text!r} is not FIELD=VALUE with a pipeline arg as FIELD; "
+                         f"use one of {', '.join(BouncingConfig.__dataclass_fields__)}")
+    return field, yaml.safe_load(value)
 
 
 if __name__ == "__main__":
