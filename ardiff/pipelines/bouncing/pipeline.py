@@ -1,8 +1,9 @@
 """The bouncing world model as an ardiff pipeline: one `main` branch, one frame per block.
 
     blocks: `context_frames` start frames rendered by the simulator (seeded by
-            request.seed, moved by the actions) are committed as clean history; then each
-            frame is sampled in `num_steps` flow-matching steps (probes) and committed at t = 0
+            request.seed, moved by the actions) are committed as clean history (a sink
+            frame without the sprite: the balls' looks to keep); then each frame is sampled
+            in `num_steps` flow-matching steps (probes) and committed at t = 0
     video:  the 32 x 32 model frames, upscaled nearest-neighbour `upscale` times (1: not;
             `output.scale` then lets the video writer do it on its own thread)
     batch:  `generate_blocks` makes one frame of each of B sessions (each at its own
@@ -139,18 +140,23 @@ class BouncingWorld(ardiff.ARDiffusionPipelineBase):
         actions = [self.action_index(request.actions) for request in requests]
         inputs = self.model.block_inputs(torch.tensor(actions, device=self.device), frames)
         kinds = [self._row_kind(request, frame) for request, frame in zip(requests, frames)]
-        parts = {}
+        parts, sinks = {}, {}
         for key, rows in group_rows(kinds).items():
             if key is None:
-                x = torch.stack([self._start_frame(requests[row], frames[row], actions[row])
-                                 for row in rows])
+                shown, kept = zip(*(self._start_frame(requests[row], frames[row], actions[row])
+                                    for row in rows))
+                x = torch.stack(shown)
+                sinks[key] = (rows, torch.stack(kept))
             else:
                 x = self._sample([requests[row] for row in rows], subset(states, rows),
                                  [frames[row] for row in rows], inputs.rows(rows), key)
+                sinks[key] = (rows, x)
             parts[key] = (rows, x)
-        x = put(parts, len(requests))                  # [B, 1, 3, s, s]
+        x = put(parts, len(requests))                  # [B, 1, 3, s, s]: the video
+        committed = put(sinks, len(requests)) if any(f < self.config.sink_frames
+                                                     for f in frames) else x
         with states.block(BRANCH, commit=True) as blk:  # the clean frames become history
-            self.model.forward_blocks(x, self._conditioning(CLEAN), inputs, blk)
+            self.model.forward_blocks(committed, self._conditioning(CLEAN), inputs, blk)
         video = to_video(x.flatten(0, 1), self.config.upscale).unflatten(0, x.shape[:2])
         return [ardiff.BlockOutput(frames=frames) for frames in video]
 
@@ -166,8 +172,9 @@ class BouncingWorld(ardiff.ARDiffusionPipelineBase):
             self._levels[t] = self.model.conditioning(torch.full((1, 1), t, device=self.device))
         return self._levels[t]
 
-    def _start_frame(self, request, frame: int, action: int) -> torch.Tensor:
-        """Frame `frame` of the simulator world named by the seed, moved by `action`."""
+    def _start_frame(self, request, frame: int, action: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Frame `frame` of the simulator world named by the seed, moved by `action`: as
+        shown, and as committed (a sink frame holds the balls alone; see the README)."""
         sid = request.session_id
         if frame == 0:
             self._worlds[sid] = sim.SimState.from_seed(request.seed)
@@ -179,7 +186,10 @@ class BouncingWorld(ardiff.ARDiffusionPipelineBase):
             self._worlds[sid] = world
         else:
             del self._worlds[sid]
-        return pixels_to_model(sim.render(world)).to(self.device, self.dtype)  # [1, 3, s, s]
+        shown = pixels_to_model(sim.render(world)).to(self.device, self.dtype)  # [1, 3, s, s]
+        if frame >= self.config.sink_frames:
+            return shown, shown
+        return shown, pixels_to_model(sim.render(world, sprite=False)).to(self.device, self.dtype)
 
     def _sample(self, requests, states, frames: list[int], inputs: FrameInputs,
                 num_steps: int) -> torch.Tensor:

@@ -47,7 +47,7 @@ class ReferenceLoop:
         inputs = model.frame_inputs(torch.tensor([[action]], device=self.device),
                                     torch.tensor([frame]))
         if frame < self.config.context_frames:
-            x = self._start_frame(request.seed, action)
+            x, kept = self._start_frame(request.seed, action)
         else:
             shape = (FRAMES_PER_BLOCK, RGB_CHANNELS, self.config.size, self.config.size)
             noise = block_noise(shape, request.seed, frame, self.device, self.dtype)
@@ -56,8 +56,8 @@ class ReferenceLoop:
                 return model.forward_block(x, self._level(t), inputs,
                                            self.cache.block(frame, commit=False)).clamp(-1, 1)
 
-            x = sample(noise, predict_clean, request.num_steps or self.config.num_steps)
-        model.forward_block(x, self._level(CLEAN), inputs, self.cache.block(frame, commit=True))
+            x = kept = sample(noise, predict_clean, request.num_steps or self.config.num_steps)
+        model.forward_block(kept, self._level(CLEAN), inputs, self.cache.block(frame, commit=True))
         self.frame += FRAMES_PER_BLOCK
         return to_video(x, self.config.upscale)
 
@@ -66,8 +66,11 @@ class ReferenceLoop:
             self.levels[t] = self.model.conditioning(torch.full((1, 1), t, device=self.device))
         return self.levels[t]
 
-    def _start_frame(self, seed: int, action: int) -> torch.Tensor:
+    def _start_frame(self, seed: int, action: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The frame as shown and as committed (a sink frame without the sprite)."""
         if self.frame == 0:
             self.world = sim.SimState.from_seed(seed)
         self.world = sim.step(self.world, np.array([action]))
-        return pixels_to_model(sim.render(self.world)).to(self.device, self.dtype)
+        sprite = self.frame >= self.config.sink_frames
+        return tuple(pixels_to_model(sim.render(self.world, sprite=shows)).to(self.device, self.dtype)
+                     for shows in (True, sprite))

@@ -130,8 +130,9 @@ def sprite_gaps(state: SimState, corners: np.ndarray, frames: int) -> np.ndarray
 PIXEL_CENTRES = np.arange(SIZE, dtype=np.float32) + 0.5  # along either axis, in px
 
 
-def render(state: SimState) -> np.ndarray:
-    """[B, 3, SIZE, SIZE] float32 frames in [0, 1]: wall, balls in order, the sprite on top."""
+def render(state: SimState, sprite: bool = True) -> np.ndarray:
+    """[B, 3, SIZE, SIZE] float32 frames in [0, 1]: wall, balls in order, the sprite on top
+    (`sprite=False`: the balls alone, as the model's sink frame shows them)."""
     b = state.batch
     frames = np.zeros((b, 3, SIZE, SIZE), dtype=np.float32)
     inside = (PIXEL_CENTRES > WALL) & (PIXEL_CENTRES < SIZE - WALL)
@@ -143,6 +144,8 @@ def render(state: SimState) -> np.ndarray:
         alpha = np.clip(state.radius[:, i, None, None] + 0.5 - dist, 0.0, 1.0)
         alpha = (alpha * state.alive[:, i, None, None])[:, None]
         frames = frames * (1 - alpha) + alpha * state.colour[:, i, :, None, None]
+    if not sprite:
+        return frames.astype(np.float32)
     left, top = state.sprite[:, :1], state.sprite[:, 1:]  # [B, 1] each
     cols = (PIXEL_CENTRES[None] >= left) & (PIXEL_CENTRES[None] < left + SPRITE_SIDE)
     rows = (PIXEL_CENTRES[None] >= top) & (PIXEL_CENTRES[None] < top + SPRITE_SIDE)

@@ -102,6 +102,28 @@ def test_start_frames_are_the_simulator_and_later_frames_are_generated(pipeline)
     assert np.abs(video[CONTEXT:] - true[CONTEXT:]).max() > 1 / 255
 
 
+def test_a_sink_frame_is_shown_with_the_sprite_and_committed_with_the_balls_alone(monkeypatch):
+    pipe = BouncingWorld(sink_frames=1)
+    pipe.load("cpu", torch.float32)
+    committed = []
+    forward = pipe.model.forward_blocks
+
+    def spy(x, conditioning, inputs, blk):
+        if conditioning is pipe._conditioning(0.0):
+            committed.append(x[:, 0].clone())
+        return forward(x, conditioning, inputs, blk)
+
+    monkeypatch.setattr(pipe.model, "forward_blocks", spy)
+    actions = ["right"] * (CONTEXT + 1)
+    video = roll(make_runner(pipe), 3, actions)
+    white = [int((frame == 1).all(dim=0).sum()) for frame in torch.cat(committed)]
+    assert white[0] == 0 and white[1:CONTEXT] == [sim.SPRITE_SIDE ** 2] * (CONTEXT - 1)
+    world = sim.step(sim.SimState.from_seed(3), np.array([sim.ACTIONS.index("right")]))
+    balls_alone = torch.from_numpy(sim.render(world, sprite=False)) * 2 - 1
+    assert torch.equal(committed[0], balls_alone)
+    assert np.abs(video[:CONTEXT] - simulate(3, actions)[:CONTEXT]).max() <= 1 / 255 + 1e-6
+
+
 def test_paged_equals_dense(pipeline):
     actions = ["left", "down", "none", "up", "right"] * 3   # evicts: 15 frames, window 5
     paged = roll(make_runner(pipeline, "paged"), 5, actions)

@@ -50,3 +50,12 @@ def test_sprite_gaps_by_hand():
     corners = np.array([[17, 8], [8, 8], [17, 17]])   # 4 px right of the ball's edge, on it,
     gaps = sim.sprite_gaps(world, corners, 2)[0]      # and (7, 7) px from its centre
     np.testing.assert_allclose(gaps, [4.0, -3.0, np.hypot(7, 7) - 3], rtol=1e-6)
+
+
+def test_a_frame_without_the_sprite_is_the_balls_alone():
+    world = sim.SimState.sample(np.random.default_rng(4), 3)
+    away = sim.render(sim.SimState(world.pos, world.vel, world.radius, world.colour, world.alive,
+                                   np.full_like(world.sprite, -sim.SIZE)))
+    alone = sim.render(world, sprite=False)
+    assert alone.dtype == np.float32 and np.array_equal(alone, away)
+    assert not np.array_equal(alone, sim.render(world))

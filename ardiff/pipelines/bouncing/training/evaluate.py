@@ -135,9 +135,12 @@ def sprite_numbers(video: np.ndarray, seeds: list[int], actions: np.ndarray,
 @torch.inference_mode()
 def next_frame_error(model: BouncingDiT, count: int = 256) -> dict[str, float]:
     """One-step (t = 1) and sampled next-frame MSE after HISTORY true frames (the window
-    sees the last 4, whose K/V carry the rest, as in the KV cache), vs copy-last-frame."""
-    _, _, actions, frames = episodes(count, HISTORY + 1, EVAL_SEED + 100_000)
+    sees the last ones, whose K/V carry the rest, as in the KV cache; the first is the sink
+    where the model has one), vs copy-last-frame."""
+    _, state, actions, frames = episodes(count, HISTORY + 1, EVAL_SEED + 100_000)
     x, a = pixels_to_model(frames), torch.from_numpy(actions)
+    if model.c.sink_frames:   # the sink frame as the pipeline commits it: the balls alone
+        x[:, 0] = pixels_to_model(sim.render(sim.step(state, actions[:, 0]), sprite=False))
     noise = torch.randn(x[:, 0].shape, generator=torch.Generator().manual_seed(NOISE_SEED))
     target = frames[:, -1]
     one_step = model_to_pixels(sample_next(model, x[:, :-1], a, 0, noise, 1))
