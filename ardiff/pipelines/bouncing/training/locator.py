@@ -1,8 +1,8 @@
 """Measure the bouncing world's objects back out of frames, simulated or generated, by colour.
 
 A ball is found as the pixels close to its colour: their count (area), centroid and
-spread. The evaluation scores generated rollouts with it, training re-syncs its
-self-rollout streams with it, and the tests check the sprite's moves with it.
+spread. The evaluation scores generated rollouts with it, and the tests check the sprite's
+moves with it.
 """
 
 from __future__ import annotations

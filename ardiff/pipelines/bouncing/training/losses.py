@@ -1,11 +1,11 @@
-"""The training objectives of the bouncing world model: predict the clean frame from a noised
+"""The training objective of the bouncing world model: predict the clean frame from a noised
 one that sees its window of clean history, under the block-causal mask of `forward_frames`.
 
     teacher forcing:  [ CLIP clean frames | noised copies of the last NOISY ]   (true history)
-    self-rollout:     [ generated history | ROLLOUT_LEVELS noised copies of the true next frame ]
 
-Both weight a frame's squared error by 1 / max(t, MIN_WEIGHT_T)^2 and draw noise levels
-half uniform, half biased towards pure noise. Training runs under bf16 autocast on CPU.
+Stage 2 (`drift.py`) changes what the history shows. A frame's squared error is weighted
+by 1 / max(t, MIN_WEIGHT_T)^2; noise levels are drawn half uniform, half biased towards
+pure noise. Training runs under bf16 autocast on CPU.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from ardiff.pipelines.bouncing.model import BouncingDiT, pixels_to_model
 CLIP = 10            # frames per training clip
 NOISY = 6            # the last NOISY frames are also fed noised (each with a full window)
 MIN_WEIGHT_T = 0.3   # loss weight 1 / max(t, MIN_WEIGHT_T)^2
-ROLLOUT_LEVELS = 3   # noise levels trained per self-rollout stream and step (same target)
 NOISE_BIAS_POWER = 1 / 3   # u^(1/3) has density 3t^2: most levels near pure noise
 AUTOCAST_DTYPE = torch.bfloat16
 
@@ -40,7 +39,7 @@ def simulated_batch(rng: np.random.Generator, batch: int, length: int):
     return pixels_to_model(frames), torch.from_numpy(actions)
 
 
-def _weighted_error(model: BouncingDiT, frames, t_slots, actions, positions, noisy,
+def weighted_error(model: BouncingDiT, frames, t_slots, actions, positions, noisy,
                     targets, t) -> torch.Tensor:
     """The weighted loss of the noisy slots (the last t.shape[1]) against targets."""
     with torch.autocast("cpu", dtype=AUTOCAST_DTYPE):
@@ -50,7 +49,7 @@ def _weighted_error(model: BouncingDiT, frames, t_slots, actions, positions, noi
     return (error / t.clamp(min=MIN_WEIGHT_T) ** 2).mean()
 
 
-def _noised(targets: torch.Tensor, t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+def noised(targets: torch.Tensor, t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     tt = t[..., None, None, None]
     return (1 - tt) * targets + tt * torch.randn(targets.shape, generator=gen)
 
@@ -61,25 +60,11 @@ def teacher_forcing_loss(model: BouncingDiT, clean: torch.Tensor, actions: torch
     b, length = actions.shape
     target = clean[:, length - NOISY:]
     t = sample_levels(gen, (b, NOISY))
-    noisy = _noised(target, t, gen)
+    noisy = noised(target, t, gen)
     positions = torch.cat([torch.arange(length), torch.arange(length - NOISY, length)])
     is_noisy = positions.new_zeros(len(positions), dtype=torch.bool)
     is_noisy[length:] = True
-    return _weighted_error(model, torch.cat([clean, noisy], 1),
+    return weighted_error(model, torch.cat([clean, noisy], 1),
                            torch.cat([torch.zeros(b, length), t], 1),
                            torch.cat([actions, actions[:, length - NOISY:]], 1),
                            positions, is_noisy, target, t)
-
-
-def rollout_loss(model: BouncingDiT, history, actions, target, gen) -> torch.Tensor:
-    """The teacher-forcing loss with the model's own frames as history [B, C, ...]:
-    ROLLOUT_LEVELS noised copies of the true next frame, each seeing the whole history."""
-    b, c = history.shape[:2]
-    t = sample_levels(gen, (b, ROLLOUT_LEVELS))
-    targets = target[:, None].expand(-1, ROLLOUT_LEVELS, -1, -1, -1)
-    noisy = _noised(targets, t, gen)
-    positions = torch.cat([torch.arange(c), torch.full((ROLLOUT_LEVELS,), c)])
-    slot_actions = torch.cat([actions[:, :c], actions[:, c:].expand(-1, ROLLOUT_LEVELS)], 1)
-    return _weighted_error(model, torch.cat([history, noisy], 1),
-                           torch.cat([torch.zeros(b, c), t], 1), slot_actions,
-                           positions, positions == c, targets, t)

@@ -1,0 +1,63 @@
+"""Stage 2's clips (`training/drift.py`): what each remedy changes in the history the model
+sees, and that the targets stay the simulator's frames."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ardiff.pipelines.bouncing.config import BouncingConfig
+from ardiff.pipelines.bouncing.model import BouncingDiT
+from ardiff.pipelines.bouncing.training import drift
+
+
+def clip(recipe: drift.DriftRecipe, seed: int = 0, batch: int = 8) -> drift.Clip:
+    return drift.make_clip(np.random.default_rng(seed), batch, 10, recipe)
+
+
+def test_without_remedies_the_history_is_the_true_clip():
+    plain = clip(drift.DriftRecipe())
+    assert torch.equal(plain.history, plain.true)
+    assert plain.positions.tolist() == list(range(10)) and plain.actions.shape == (8, 10)
+
+
+def test_a_sink_is_the_worlds_first_frame_before_a_later_clip():
+    rng = np.random.default_rng(3)
+    gaps = set()
+    for _ in range(8):
+        sunk = drift.make_clip(rng, 4, 10, drift.DriftRecipe(sink=True))
+        assert sunk.history.shape[1] == 11 and torch.equal(sunk.history[:, 1:], sunk.true)
+        assert sunk.positions[0] == 0 and sunk.positions[1] >= 1
+        assert sunk.positions[1:].tolist() == list(range(int(sunk.positions[1]),
+                                                         int(sunk.positions[1]) + 10))
+        assert (sunk.actions[:, 0] == 0).all()           # the sink frame: no action
+        gaps.add(int(sunk.positions[1]))
+    assert len(gaps) > 1 and max(gaps) < drift.MAX_GAP + 1
+
+
+def test_jitter_redraws_some_history_frames_and_keeps_the_targets_true():
+    plain, jittered = clip(drift.DriftRecipe()), clip(drift.DriftRecipe(jitter=0.5))
+    assert torch.equal(jittered.true, plain.true)      # the same worlds and actions
+    changed = (jittered.history != jittered.true).flatten(2).any(-1)   # [B, L]
+    assert 0.25 < changed.float().mean() < 0.75
+    all_of_them = clip(drift.DriftRecipe(jitter=1.0))
+    assert (all_of_them.history != all_of_them.true).flatten(2).any(-1).all()
+
+
+def test_own_history_replaces_frames_after_the_first_window_only():
+    torch.manual_seed(0)
+    model = BouncingDiT(BouncingConfig()).train()
+    plain = clip(drift.DriftRecipe())
+    own = drift.own_history(model, plain, 1.0, torch.Generator().manual_seed(0))
+    window = model.c.window_frames - 1
+    assert torch.equal(own.history[:, :window], plain.history[:, :window])
+    assert (own.history[:, window:] != plain.history[:, window:]).flatten(2).any(-1).all()
+    assert torch.equal(own.true, plain.true) and model.training   # left as it was
+
+
+def test_the_loss_is_finite_with_every_remedy():
+    torch.manual_seed(0)
+    model = BouncingDiT(BouncingConfig(sink_frames=1))
+    loss = drift.drift_loss(model, drift.DriftRecipe(sink=True, jitter=0.5, own=0.5),
+                            np.random.default_rng(0), torch.Generator().manual_seed(0), 4)
+    assert torch.isfinite(loss) and loss > 0
