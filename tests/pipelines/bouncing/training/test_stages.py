@@ -28,8 +28,8 @@ def restore_threads():
 def test_both_stages_train_and_record_their_minutes(caplog, tmp_path, window, sink, jitter, own):
     caplog.set_level(logging.INFO, logger=stages.__name__)
     args = argparse.Namespace(seed=0, batch=4, lr=1e-3, base_steps=2, drift_steps=2,
-                              drift_lr=1e-4, window=window, sink=sink, jitter=jitter, own=own,
-                              out=tmp_path)
+                              drift_lr=1e-4, drift_seed=7, window=window, sink=sink,
+                              jitter=jitter, own=own, out=tmp_path)
     minutes: dict[str, float] = {}
     model = stages.train_base(args, minutes)
     before = [p.detach().clone() for p in model.parameters()]
