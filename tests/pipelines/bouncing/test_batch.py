@@ -27,12 +27,7 @@ RESET_AT = 4   # s0's block 4 resets it (past its first eviction: frame 3 no lon
 SMALL = dict(upscale=1, context_frames=2, window_frames=3, num_steps=1, session_capacity=8)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

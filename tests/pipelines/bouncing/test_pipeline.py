@@ -34,12 +34,7 @@ CONTEXT = BouncingConfig().context_frames
 UPSCALE = BouncingConfig().upscale
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

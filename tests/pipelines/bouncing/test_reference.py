@@ -18,12 +18,7 @@ from ardiff.pipelines.bouncing.reference import ReferenceLoop
 FRAMES = 11  # 4 start frames, then 7 sampled: the 4-frame ring wraps around
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def requests(seed: int) -> list[ardiff.RolloutRequest]:

@@ -58,12 +58,7 @@ QUICK = (4, {(1, 1)}, {(2, 2)})
 LONG = (6, {(1, 1), (0, 4)}, {(2, 2)})
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -33,12 +33,7 @@ RESET_AT = 3                        # s0's block 3 resets it (after its first ev
 PROMPTS = ["a red ball", "a blue cube", "waves"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,7 @@ from ardiff.pipelines.tiny_dit.reference import TinyDiTLoop
 BLOCKS = 6  # 18 frames: the 6-frame ring (window 9, blocks of 3) wraps around twice
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def requests() -> list[ardiff.RolloutRequest]:

@@ -12,17 +12,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-import torch
 
 from ardiff.pipelines.bouncing import sim
 from ardiff.pipelines.bouncing.training import evaluate
 
-
-@pytest.fixture(autouse=True)
-def restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)   # the pipeline sets one thread while it runs
+pytestmark = pytest.mark.usefixtures("restore_threads")
 
 
 def without_sprite(state: sim.SimState) -> np.ndarray:

@@ -10,17 +10,11 @@ from itertools import groupby
 
 import numpy as np
 import pytest
-import torch
 
 from ardiff.pipelines.bouncing import sim
 from ardiff.pipelines.bouncing.training import games
 
-
-@pytest.fixture(autouse=True)
-def restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)   # the pipeline sets one thread while it runs
+pytestmark = pytest.mark.usefixtures("restore_threads")
 
 
 def simulated(seed: int, actions: list[str]) -> tuple[sim.SimState, np.ndarray]:

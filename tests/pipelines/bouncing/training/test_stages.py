@@ -16,12 +16,7 @@ import torch
 
 from ardiff.pipelines.bouncing.training import stages
 
-
-@pytest.fixture(autouse=True)
-def restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("restore_threads")
 
 
 @pytest.mark.parametrize("window, sink, jitter, own", [(5, False, 0.0, 0.0), (7, True, 0.5, 0.5)])
