@@ -17,14 +17,16 @@ how well it keeps its world over whole games.
 
 The games are `ardiff rollout`'s path: the pipeline through ardiff's runner and paged
 cache, ROWS sessions per batched forward (bit-equal to one session per forward). Run as
-`python -m ardiff.pipelines.bouncing.evaluate` (`main`: argv, prints); `evaluate` returns
-the numbers.
+`python -m ardiff.pipelines.bouncing.evaluate` (`main`: argv, the report on stdout through
+logging); `evaluate` returns the numbers.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +43,8 @@ from ardiff.pipelines.bouncing.model import (
     sample_next,
 )
 from ardiff.pipelines.bouncing.training import games, locator
+
+log = logging.getLogger(__name__)  # the report; `main` shows it on stdout
 
 EVAL_SEED = 10_007        # held out: the next-frame clips (training draws default_rng(seed))
 WORLDS = 64               # games in worlds 0..WORLDS-1 (the default config's world, 5, among them)
@@ -227,12 +231,13 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
     torch.set_num_threads(args.threads)
     overrides = dict(pipeline_arg(text) for text in args.set)
     if args.num_steps is not None:
         overrides["num_steps"] = args.num_steps
     metrics = evaluate(args.weights, args.worlds, frames=args.frames, **overrides)
-    print(report(metrics))
+    log.info(report(metrics))
     if args.json:
         args.json.write_text(json.dumps(metrics, indent=2) + "\n")
 

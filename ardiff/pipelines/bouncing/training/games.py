@@ -10,14 +10,16 @@
 A game is run as the recording of a played game replays (`ardiff rollout --actions LOG`,
 frame for frame what `ardiff play` made): `run_rollout` on the default config with the
 actions as `rollout.actions`, one process, one game after another. Run as
-`python -m ardiff.pipelines.bouncing.training.games` (`main`: argv, prints); `playability`
-returns the numbers.
+`python -m ardiff.pipelines.bouncing.training.games` (`main`: argv, the report on stdout
+through logging); `playability` returns the numbers.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +30,8 @@ import ardiff
 from ardiff.pipelines.bouncing import sim
 from ardiff.pipelines.bouncing.config import BouncingConfig
 from ardiff.pipelines.bouncing.training import locator
+
+log = logging.getLogger(__name__)  # the report; `main` shows it on stdout
 
 GAMES = 32
 GAME_FRAMES = 96           # 6 s at 16 fps
@@ -145,8 +149,9 @@ def main() -> None:
                         help="a config override, as `ardiff play --set` takes it")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
     metrics = playability(args.games, args.frames, args.set, args.world)
-    print(report(metrics))
+    log.info(report(metrics))
     if args.json:
         args.json.write_text(json.dumps(metrics, indent=2) + "\n")
 
