@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import signal
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from packaging.requirements import Requirement
 from typer.testing import CliRunner, Result
 
 PIPELINES_FILE = Path(__file__).parent / "support" / "spec_pipelines.py"
@@ -30,10 +32,45 @@ def pytest_xdist_auto_num_workers(config) -> int:
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: every collected test is seen
 def pytest_collection_modifyitems(items) -> None:
     """A `heavy` test is `slow` too, so `-m "not slow"` (which replaces addopts'
-    `-m "not heavy"`) still leaves it out."""
+    `-m "not heavy"`) still leaves it out. A test marked `extra("NAME")` skips, naming the
+    extra, when one of that extra's packages is not installed."""
     for item in items:
         if item.get_closest_marker("heavy") and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
+        for mark in item.iter_markers("extra"):
+            missing = missing_extra_packages(*mark.args)
+            if missing:
+                item.add_marker(pytest.mark.skip(reason=extra_skip_reason(mark.args[0], missing)))
+
+
+def extra_packages(extra: str) -> list[str]:
+    """The distributions ardiff's optional extra `extra` installs, read from the installed
+    ardiff's metadata (pyproject.toml's optional-dependencies: one list, not a second copy)."""
+    names = []
+    for line in importlib.metadata.requires("ardiff") or []:
+        requirement = Requirement(line)
+        if requirement.marker is not None and requirement.marker.evaluate({"extra": extra}):
+            names.append(requirement.name)
+    if not names:
+        raise ValueError(f"pytest.mark.extra({extra!r}): pyproject.toml has no such extra")
+    return names
+
+
+def missing_extra_packages(*extras: str) -> list[str]:
+    """The packages of `extras` that are not installed (empty: the test can run)."""
+    missing = []
+    for extra in extras:
+        for name in extra_packages(extra):
+            try:
+                importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                missing.append(name)
+    return missing
+
+
+def extra_skip_reason(extra: str, missing: list[str]) -> str:
+    """The one skip reason a missing extra gives (tests/test_extras.py holds the suite to it)."""
+    return f"needs the '{extra}' extra ({', '.join(missing)} missing): pip install 'ardiff[{extra}]'"
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from ardiff.contract.forward import (
     SupportsARDiffusionBatchGeneration,
     SupportsARDiffusionBlockGeneration,
 )
+from ardiff.contract.inputs import PipelineInputs, get_pipeline_inputs
 from ardiff.contract.spec import (
     ARDiffusionCrossAttentionKVSpec,
     ARDiffusionKVBranchSpec,
@@ -42,5 +43,5 @@ __all__ = [
     "SupportsARDiffusionBlockGeneration", "ARDiffusionKVState", "ARDiffusionKVBlock",
     "SupportsARDiffusionBatchGeneration", "ARDiffusionKVStateBatch", "ARDiffusionKVBatchBlock",
     "RolloutRequest", "BlockOutput", "ARDiffusionPipeline", "PIPELINE_METHODS",
-    "missing_pipeline_methods",
+    "missing_pipeline_methods", "PipelineInputs", "get_pipeline_inputs",
 ]

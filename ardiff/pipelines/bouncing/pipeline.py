@@ -55,6 +55,7 @@ class BouncingWorld(ardiff.ARDiffusionPipelineBase):
     """
 
     action_names = sim.ACTIONS  # what `rollout.actions` and `ardiff play` may choose
+    ardiff_inputs = ardiff.PipelineInputs(prompt="ignored", actions="accepted")
 
     def __init__(self, **config) -> None:
         self.config = BouncingConfig(**config)

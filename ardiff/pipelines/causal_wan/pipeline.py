@@ -52,6 +52,8 @@ class CausalWan(ardiff.ARDiffusionPipelineBase):
     imports diffusers and transformers and reads the weights. See `build_config` for
     the arguments."""
 
+    ardiff_inputs = ardiff.PipelineInputs(prompt="accepted")
+
     def __init__(self, **args) -> None:
         self.config = build_config(**args)
         self.model_layout = self.config.layout  # "diffusers" or "wan" (layouts.py)

@@ -38,6 +38,8 @@ BRANCH_ORDER = ("main", "positive", "negative")  # a row's branches run (and com
 class TinyCausalDiT(ardiff.ARDiffusionPipelineBase):
     """The reference text-to-video pipeline: one branch, or two under CFG."""
 
+    ardiff_inputs = ardiff.PipelineInputs(prompt="accepted")
+
     def __init__(self, **config) -> None:
         self.config = TinyDiTConfig(**config)
         self.model: TinyDiT | None = None
