@@ -333,6 +333,10 @@ class Runner:
             raise PipelineError(f"closing the runner: {type(errors[0]).__name__}: "
                                 f"{errors[0]}") from errors[0]
 
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
     def _check_open(self) -> None:
         if self._closed:
             raise SessionError("the runner is closed; build a new one")

@@ -35,7 +35,7 @@ from ardiff.errors import (
 from ardiff.rollout.batches import BatchedBlocks, choose_batch, planned_batch
 from ardiff.rollout.gate import FileGate
 from ardiff.rollout.handoff import FrameHandoff, frames_lag, make_handoff
-from ardiff.rollout.inputs import pipeline_actions, prompt_warnings
+from ardiff.rollout.inputs import ignored_prompt_warnings, pipeline_actions, prompt_warnings
 from ardiff.rollout.outcome import record_failure, record_interrupt
 from ardiff.rollout.paths import check_rollout_paths
 from ardiff.rollout.progress import ProgressEvent
@@ -117,6 +117,7 @@ def run_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], None] | N
     report.warnings.extend([notice] if notice else [])
     report.warnings.extend(plan.warnings)  # prompt switches moved to a block boundary
     report.warnings.extend(prompt_warnings(runner.pipeline, config, plan))  # asked after load
+    report.warnings.extend(ignored_prompt_warnings(runner.pipeline, config))
     if blocks is None:  # a batch's frames wait for the next forward, as one block's would
         blocks = (iter_rollout if batch == 1
                   else BatchedBlocks(batch, frames_lag(runner.device) * batch))

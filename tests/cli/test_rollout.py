@@ -505,6 +505,17 @@ def test_a_prompt_longer_than_the_text_length_is_a_warning_naming_both(tmp_path)
     assert load_stats(tmp_path / "stats.json")["warnings"] == [warning]
 
 
+def test_a_prompt_to_the_default_model_is_a_warning_in_the_terminal_and_json(tmp_path):
+    result = ardiff(tmp_path, "rollout", "--prompt", "a red ball", "--frames", 2,
+                    "--json", "stats.json", "-o", "out.npy")
+
+    assert result.exit_code == 0, result.stderr
+    warning = ("rollout.prompt: given, but this pipeline ignores prompts (its inputs declare "
+               "prompt: ignored); the video does not depend on it; remove rollout.prompt")
+    assert f"warning: {warning}" in result.stderr.splitlines()
+    assert warning in load_stats(tmp_path / "stats.json")["warnings"]
+
+
 # -- the CI script ---------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.heavy  # four fresh interpreters, one per command of the script
