@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from ardiff.config.run import build_config
+from ardiff.contract.inputs import PipelineInputs
 from ardiff.errors import ConfigError
 from ardiff.pipelines.tiny_dit.pipeline import TinyCausalDiT
 from ardiff.pipelines.tiny_dit.text import tokenize
-from ardiff.contract.inputs import PipelineInputs
 from ardiff.rollout.inputs import (
     ignored_prompt_warnings,
     prompt_warnings,
