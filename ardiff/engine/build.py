@@ -323,6 +323,21 @@ def compile_layers(pipeline: ARDiffusionPipeline, entry: str) -> None:
                             f"{shorten(str(exc))}") from exc
 
 
+def shutdown_compile_threads() -> None:
+    """End the threads Inductor keeps for compiling (a pool it never shuts down itself), once
+    no runner compiles any more: a command must not end with threads of ours running."""
+    import sys
+
+    module = sys.modules.get("torch._inductor.async_compile")
+    if module is None:  # nothing was compiled
+        return
+    pool = module.AsyncCompile.pool
+    if pool.cache_info().currsize:
+        pool().shutdown(wait=True)
+        pool.cache_clear()
+    module.shutdown_compile_workers()
+
+
 def _load(pipeline: ARDiffusionPipeline, device: str, dtype: str) -> None:
     load = getattr(pipeline, "load", None)
     if not callable(load):

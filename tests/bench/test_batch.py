@@ -145,9 +145,9 @@ def test_the_cli_prints_a_row_per_size_and_the_json(tmp_path):
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert "--batch: 1 repeats x 1 blocks per batch size" in lines[0]
-    assert lines[2].startswith("| B | sessions per forward | block latency per session |")
+    assert lines[2].startswith("| B | forwards | latency | frames/s |")
     assert lines[4].startswith("| 1 | 1 | ") and lines[5].startswith("| 2 | 2 | ")
-    assert "| 0 (2 of 2 rows) |" in lines[5]
+    assert "| 0 (2/2 rows) |" in lines[5]
     data = json.loads((tmp_path / "b.json").read_text())
     assert [size["batch"] for size in data["sizes"]] == [1, 2]
 

@@ -65,16 +65,23 @@ def test_bench_json_has_paired_ratios_equal_frames_and_exact_paged_bytes(tmp_pat
         {"median": 0.25, "p10": 0.21, "p90": 0.29, "n": 3})
     assert data["startup_s"]["help"]["cpu"]["median"] == pytest.approx(0.2)
     assert data["machine"]["torch_threads"] == 1
+    assert data["machine"]["cpu_model"] and data["machine"]["cpu_capability"]
     assert timed_commands == [["--help"], ["inspect-spec", str(tmp_path / "bench.yaml")]]
     # The window bounds the pages whatever the length: history + one block in flight.
     assert data["sweep"][0]["pages_in_use_max"] == data["sweep"][1]["pages_in_use_max"]
 
 
-def test_bench_table_prints_targets_and_no_encode_skips_the_encode_runs(tmp_path,
-                                                                        timed_commands):
+def test_bench_table_prints_measurements_and_no_encode_skips_the_encode_runs(tmp_path,
+                                                                             timed_commands):
+    """Measurements only (#35): no targets, no met/MISSED; a header on every column; the
+    machine (CPU model, torch's CPU capability) in the title; within 100 columns."""
     result = run_bench(tmp_path, "--no-encode")
     assert result.exit_code == 0, result.output
-    assert "paged / dense (wall)" in result.stdout and "<= 1.03" in result.stdout
+    assert "paged / dense (wall)" in result.stdout
+    assert not any(word in result.stdout for word in ("<= 1.03", "MISSED", " met ", "target"))
+    assert "measure" in result.stdout and "p10-p90" in result.stdout
+    assert "torch CPU capability" in result.stdout
+    assert max(len(line) for line in result.stdout.splitlines()) <= 100
     assert "paged / dense (CPU)" in result.stdout
     assert "ardiff / reference loop" in result.stdout and "hand-written" in result.stdout
     assert "compile_layers" in result.stdout  # the synthetic pipeline cannot be compiled
@@ -88,7 +95,7 @@ def test_markdown_prints_a_table_to_paste_with_the_load_it_ran_under(tmp_path,
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert "load average" in lines[0] and "1 torch thread" in lines[0]
-    assert lines[2] == "| measure | median | p10-p90 | target |  |"
+    assert lines[2] == "| measure | median | p10-p90 |"
     assert any(line.startswith("| paged / dense (wall) | ") for line in lines)
     assert any(line.startswith("| eager / compiled | - (not asked for") for line in lines)
 
