@@ -69,21 +69,27 @@ class ResolvedPipeline:
         sessions of one batched forward (a block in flight each), fewer where the budget
         would then keep fewer sessions than rows (never below 1)."""
         runtime = self.config.runtime
-        while True:
+
+        def plan_for(rows: int) -> KVPlan:
+            return make_plan(self.spec, dtype, DTYPE_BYTES[dtype],
+                             runtime.memory_budget.resolve(free_bytes),
+                             page_tokens=runtime.kv.page_tokens,
+                             max_sessions=runtime.max_sessions,
+                             stores_registers=stores_registers, batch_rows=rows)
+
+        def holds(rows: int) -> bool:  # fewer rows never hold fewer sessions
             try:
-                plan = make_plan(self.spec, dtype, DTYPE_BYTES[dtype],
-                                 runtime.memory_budget.resolve(free_bytes),
-                                 page_tokens=runtime.kv.page_tokens,
-                                 max_sessions=runtime.max_sessions,
-                                 stores_registers=stores_registers, batch_rows=batch_rows)
+                return plan_for(rows).session_capacity >= rows
             except CapacityError:
-                if batch_rows == 1:
-                    raise
-                batch_rows = max(1, batch_rows // 2)
-                continue
-            if plan.session_capacity >= batch_rows:
-                return plan
-            batch_rows = plan.session_capacity  # as many rows as sessions then fit
+                return False
+
+        if batch_rows == 1 or holds(batch_rows):
+            return plan_for(batch_rows)
+        low, high = 1, batch_rows - 1  # the most rows that still hold as many sessions
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if holds(middle) else (low, middle - 1)
+        return plan_for(low)
 
 
 def resolve(config: RunConfig, pipeline: ARDiffusionPipeline | None = None,

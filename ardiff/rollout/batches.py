@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from ardiff.config.run import RunConfig
 from ardiff.contract.spec import ARDiffusionKVCacheSpec
 from ardiff.engine.batching import supports_batches
-from ardiff.errors import ConfigError, PipelineLoadError
+from ardiff.errors import PipelineLoadError
+from ardiff.kv.plan import KVPlan
 from ardiff.rollout.streams import BlockEvent, RolloutPlan, Stream, build_request
 
 if TYPE_CHECKING:  # pragma: no cover - typing only: the runner imports torch
@@ -38,43 +39,52 @@ def planned_batch(requested: int | None, pipeline: object, config: RunConfig,
     """The most sessions one forward will run, for the KV plan to hold their blocks in flight
     (`build_runner(batch_rows=)`), known before the plan: 1 for a pipeline without
     `generate_blocks`; else `requested`, or (None: auto) min(prompts, the spec's and
-    `runtime.max_sessions`' session cap, the pipeline's `max_batch_size`). Raises
-    ConfigError for more than the pipeline's `max_batch_size`."""
+    `runtime.max_sessions`' session cap, the pipeline's `max_batch_size`): never more than
+    can run (`choose_batch` says so when that is fewer than asked)."""
     if not supports_batches(pipeline):
         return 1
     most = max_batch_size(pipeline)
-    if requested is not None and most is not None and requested > most:
-        raise ConfigError(f"rollout.batch: {requested} sessions in one forward, but the "
-                          f"pipeline's max_batch_size is {most}; lower rollout.batch to {most}")
-    if requested is not None:
-        return max(1, min(requested, num_streams))
-    limits = (num_streams, spec.session_capacity, config.runtime.max_sessions, most)
+    wanted = num_streams if requested is None else min(requested, num_streams)
+    limits = (wanted, spec.session_capacity, config.runtime.max_sessions, most)
     return max(1, min(limit for limit in limits if limit is not None))
 
 
 def choose_batch(requested: int | None, runner: Runner, num_streams: int,
-                 agree_min: Callable[[int], int] | None = None) -> tuple[int, str | None]:
-    """The batch a rollout of `num_streams` prompts uses, and a notice when the pipeline
-    cannot batch what was asked. Auto (None): min(prompts, resident sessions, the plan's
-    `batch_rows`) for a pipeline with `generate_blocks`, else 1. `agree_min`: a parallel
-    job's minimum over its ranks, taken of the memory's limit, so the ranks of a CFG group
-    (the same prompts) run the same batches. Raises ConfigError for a batch of more
-    sessions than fit resident."""
+                 agree_min: Callable[[int], int] | None = None,
+                 max_sessions: int | None = None) -> tuple[int, str | None]:
+    """The batch a rollout of `num_streams` prompts uses, and a notice when it is fewer than
+    asked (`requested`, or every prompt under auto): the most that fit, min(prompts,
+    resident sessions, the plan's `batch_rows`, the pipeline's `max_batch_size`), the
+    notice naming the limit that binds (`max_sessions`: `runtime.max_sessions`, to name
+    it). `agree_min`: a parallel job's minimum over its ranks, taken of the memory's limit,
+    so the ranks of a CFG group (the same prompts) run the same batches."""
     if not supports_batches(runner.pipeline):
         if requested in (None, 1):
             return 1, None
         return 1, (f"rollout.batch: {requested}, but the pipeline has no generate_blocks "
                    f"(SupportsARDiffusionBatchGeneration): one session per forward")
-    capacity = runner.sessions.capacity
-    if requested is not None and requested > capacity:
-        raise ConfigError(f"rollout.batch: {requested} sessions in one forward, but the memory "
-                          f"plan fits {capacity} resident; lower rollout.batch to {capacity} "
-                          f"or raise runtime.memory_budget")
-    limit = min(capacity, runner.plan.batch_rows)
+    plan, most = runner.plan, max_batch_size(runner.pipeline)
+    limits = {"resident": min(runner.sessions.capacity, plan.batch_rows)}
     if agree_min is not None:
-        limit = agree_min(limit)
-    wanted = num_streams if requested is None else requested
-    return max(1, min(wanted, num_streams, limit)), None
+        limits["resident"] = agree_min(limits["resident"])
+    if most is not None:
+        limits["pipeline"] = most
+    wanted = num_streams if requested is None else min(requested, num_streams)
+    batch = max(1, min(wanted, *limits.values()))
+    if batch >= wanted:
+        return batch, None
+    asked = "auto" if requested is None else str(requested)
+    return batch, (f"rollout.batch: {asked} for {num_streams} prompts runs {batch} per "
+                   f"forward, the most that fit: {_binding(limits, batch, plan, max_sessions)}")
+
+
+def _binding(limits: dict[str, int], batch: int, plan: KVPlan, max_sessions: int | None) -> str:
+    if limits.get("pipeline") == batch:
+        return f"the pipeline's max_batch_size is {batch}"
+    if plan.batch_rows == batch and plan.session_capacity > batch:
+        return (f"runtime.memory_budget holds the blocks of {batch} sessions in flight at "
+                f"once; raise runtime.memory_budget for more")
+    return f"{plan.binding_limit(max_sessions)} keeps {plan.session_capacity} sessions resident"
 
 
 def max_batch_size(pipeline: object) -> int | None:

@@ -107,9 +107,10 @@ def run_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], None] | N
         config.rollout.batch, resolved.pipeline, config, resolved.spec, len(plan.streams))
     runner = build_runner(config, resolved, agree_min=share.agree_min, batch_rows=rows)
     try:
-        check_capacity(plan, runner.plan.session_capacity)
+        check_capacity(plan, runner.plan, config.runtime.max_sessions)
         batch, notice = (1, None) if blocks is not None else choose_batch(
-            config.rollout.batch, runner, len(plan.streams), share.agree_min)
+            config.rollout.batch, runner, len(plan.streams), share.agree_min,
+            config.runtime.max_sessions)
     except BaseException:
         runner.close()
         raise

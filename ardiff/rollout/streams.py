@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only: both import torch
     import torch
 
     from ardiff.engine.runner import Runner
+    from ardiff.kv.plan import KVPlan
 
 
 @dataclass(frozen=True)
@@ -197,13 +198,14 @@ def _check_positions(plan: RolloutPlan, spec: ARDiffusionKVCacheSpec) -> None:
                 f"with on_switch: reset")
 
 
-def check_capacity(plan: RolloutPlan, capacity: int) -> None:
-    """Interleaved prompts must all be resident at once."""
+def check_capacity(plan: RolloutPlan, kv_plan: KVPlan, max_sessions: int | None = None) -> None:
+    """Interleaved prompts must all be resident at once; the refusal names what binds."""
+    capacity = kv_plan.session_capacity
     if plan.interleave and len(plan.streams) > capacity:
         raise ConfigError(
             f"rollout.interleave: {len(plan.streams)} prompts need {len(plan.streams)} resident "
-            f"sessions but the memory plan fits {capacity}; raise runtime.memory_budget, use "
-            f"fewer prompts, or set rollout.interleave: false to run them one after another")
+            f"sessions but {kv_plan.binding_limit(max_sessions)} keeps {capacity}; raise it, "
+            f"use fewer prompts, or set rollout.interleave: false to run them one after another")
 
 
 def iter_rollout(runner: Runner, plan: RolloutPlan) -> Iterator[BlockEvent]:

@@ -345,7 +345,7 @@ REFUSALS = {
                       ["rollout.frames: 20", "max_model_len is 8", "lower rollout.frames to 8"]),
     "interleave": ({"session_capacity": 2},
                    ["--set", "rollout.prompts=[a, b, c]", "--set", "rollout.interleave=true"],
-                   ["rollout.interleave", "3 prompts", "fits 2"]),
+                   ["rollout.interleave", "3 prompts", "session_capacity of 2", "keeps 2"]),
 }
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from ardiff.config.run import build_config
-from ardiff.errors import ConfigError, PipelineLoadError
+from ardiff.errors import PipelineLoadError
 from ardiff.rollout.job import run_rollout
 from ardiff.rollout.report import STATS_SCHEMA, merge_batching
 from ardiff.rollout.stop import RolloutStop
@@ -133,23 +133,31 @@ def test_auto_on_a_pipeline_without_generate_blocks_says_nothing(tmp_path):
     assert report.warnings == [] and report.to_dict()["batching"]["batch"] == 1
 
 
-# -- refused before anything runs --------------------------------------------------------------
-def test_a_batch_larger_than_the_resident_sessions_is_refused(tmp_path):
-    config = make_config(tmp_path, batch=3, runtime={"max_sessions": 2})
+# -- more than fits: the most that fit, said (#35) -------------------------------------------
+def test_a_batch_larger_than_the_resident_sessions_runs_the_most_that_fit(tmp_path):
+    report = run_rollout(make_config(tmp_path, batch=3, runtime={"max_sessions": 2}))
 
-    with pytest.raises(ConfigError, match=r"^rollout\.batch: 3 sessions in one forward, but the "
-                       r"memory plan fits 2 resident; lower rollout\.batch to 2 or raise "
-                       r"runtime\.memory_budget$"):
-        run_rollout(config)
-    assert not list(tmp_path.glob("out-*"))
+    assert report.status == "ok" and report.to_dict()["batching"]["batch"] == 2
+    assert report.warnings[0] == ("rollout.batch: 3 for 4 prompts runs 2 per forward, the most "
+                                  "that fit: runtime.max_sessions: 2 keeps 2 sessions resident")
+    assert all(video.shape[0] == FRAMES for video in videos(tmp_path, 4))
 
 
-def test_a_batch_larger_than_the_pipeline_takes_is_refused(tmp_path):
-    config = make_config(tmp_path, args={"max_batch_size": 2}, batch=3)
+def test_auto_says_what_keeps_it_below_the_prompts(tmp_path):
+    report = run_rollout(make_config(tmp_path, prompts=4, args={"session_capacity": 3}))
 
-    with pytest.raises(ConfigError, match=r"^rollout\.batch: 3 sessions in one forward, but the "
-                       r"pipeline's max_batch_size is 2; lower rollout\.batch to 2$"):
-        run_rollout(config)
+    assert report.to_dict()["batching"]["batch"] == 3
+    assert report.warnings[0].startswith("rollout.batch: auto for 4 prompts runs 3 per forward, "
+                                         "the most that fit: the pipeline's session_capacity "
+                                         "of 3")
+
+
+def test_a_batch_larger_than_the_pipeline_takes_runs_what_it_takes(tmp_path):
+    report = run_rollout(make_config(tmp_path, args={"max_batch_size": 2}, batch=3))
+
+    assert report.to_dict()["batching"]["batch"] == 2
+    assert report.warnings[0] == ("rollout.batch: 3 for 4 prompts runs 2 per forward, the most "
+                                  "that fit: the pipeline's max_batch_size is 2")
 
 
 def test_a_max_batch_size_that_is_not_a_count_is_refused(tmp_path):
@@ -240,3 +248,18 @@ def test_cli_tiny_dit_batch_4_writes_8_videos_as_the_unbatched_run(tmp_path):
     for video, expected in zip(videos(tmp_path, 8), videos(tmp_path / "one", 8)):
         assert video.shape == expected.shape
         assert np.abs(video.astype(int) - expected.astype(int)).max() <= 1
+
+
+def test_a_budget_short_of_the_asked_rows_plans_the_most_that_fit(tmp_path):
+    """Not halved to a power of two (8 -> 4 -> 2): the most rows whose blocks and sessions
+    the budget holds (#35)."""
+    from ardiff.engine.build import resolve
+
+    resolved = resolve(make_config(tmp_path))
+    roomy = resolved.plan(16 << 20, "float32", batch_rows=1)
+    per_row = roomy.inflight_pages * roomy.page_bytes  # one row's block in flight
+    for rows in (3, 5, 6):
+        budget = roomy.fixed_bytes + (rows - 1) * per_row + rows * roomy.bytes_per_session
+        config = make_config(tmp_path, runtime={"memory_budget": budget})
+        plan = resolve(config).plan(budget, "float32", batch_rows=8)
+        assert plan.batch_rows == rows and plan.session_capacity >= rows

@@ -181,7 +181,8 @@ CASES = [
          r"in a row, frame positions up to 20, but the pipeline's max_model_len is 8; lower "
          r"rollout\.frames to 8", args=("--frames", "20"), config=args_of(max_model_len=8)),
     Case("interleaved prompts do not fit", 2, r"^rollout\.interleave: 3 prompts need 3 resident "
-         r"sessions but the memory plan fits 2; raise runtime\.memory_budget",
+         r"sessions but the pipeline's session_capacity of 2 \(pipeline\.args\.session_capacity "
+         r"where the pipeline takes it\) keeps 2; raise it",
          config=rollout(prompts=["a", "b", "c"], interleave=True)),
     Case("the pipeline's load raises", 1, r"^pipeline: load\('cpu', float32\) raised "
          r"InjectedFault: checkpoint /models/missing\.safetensors not found",
@@ -500,11 +501,6 @@ CASES = [
          r"\(sessions in one forward\), or auto$", args=("--batch", "0")),
     Case("`--batch` not a number", 2, r"^rollout\.batch: 'four' is not a batch size; give an "
          r"integer >= 1, or auto to let ardiff choose$", args=("--batch", "four")),
-    Case("a batch larger than the resident sessions", 2, r"^rollout\.batch: 3 sessions in one "
-         r"forward, but the memory plan fits 2 resident; lower rollout\.batch to 2 or raise "
-         r"runtime\.memory_budget$", args=("--batch", "3"),
-         config={**entry("ardiff.pipelines.tiny_dit:TinyCausalDiT"),
-                 "runtime": {"max_sessions": 2}}),
     # -- #24: a causal-Wan model folder in neither Wan2.1 layout ---------------------------------
     Case("a causal-Wan model folder in neither layout", 2, r"^pipeline: constructing 'ardiff\."
          r"pipelines\.causal_wan:CausalWan' with args \{.*\} raised PipelineLoadError: "

@@ -36,7 +36,7 @@ class BouncingConfig:
     context_frames: int = 4     # simulator start frames committed before the model takes over
     num_steps: int = 4
     upscale: int = 8            # nearest-neighbour: 32 px -> 256 px video
-    session_capacity: int = 4
+    session_capacity: int = 8
     max_frames: int = 1_000_000
     weights: str | None = None  # a .safetensors path; None: the weights shipped with ardiff
     cpu_threads: int | None = 1  # torch threads on CPU: one is fastest for 16-token frames
