@@ -158,7 +158,7 @@ def write_json_file(json_path: str, data: dict, kept: str = "") -> Optional[str]
     None. `kept` says what survives, e.g. "the video is kept; "."""
     path = Path(json_path).expanduser()
     try:
-        _write_whole(path, json.dumps(data, indent=2) + "\n")
+        write_whole(path, json.dumps(data, indent=2) + "\n")
     except TimeoutError as exc:  # a FIFO nobody reads
         return (f"--json: {str(path)!r} is a FIFO and {exc}; the stats were not written; "
                 f"{kept}start its reader first")
@@ -168,7 +168,7 @@ def write_json_file(json_path: str, data: dict, kept: str = "") -> Optional[str]
     return None
 
 
-def _write_whole(path: Path, text: str) -> None:
+def write_whole(path: Path, text: str) -> None:
     """Write `text` so a reader sees the old file or the new one, never a mix: a regular file
     (or a new one) is written beside its target (a symlink's target) and moved over it in one
     os.replace; anything else (a device such as /dev/full, a FIFO) is written directly, a FIFO

@@ -16,6 +16,7 @@ from ardiff_cli._errors import handle_errors
 from ardiff_cli._help import FROM_CONFIG
 from ardiff_cli._run_report import finish_run
 from ardiff_cli._stdout import json_stdout
+from ardiff_cli._timeline import Timeline
 
 
 def _absolute(path: Optional[Path]) -> Optional[str]:
@@ -48,6 +49,10 @@ def rollout_command(
                                      "terminal as it runs (needs a terminal on stderr)."),
     report_path: Path = typer.Option(None, "--report", metavar="PATH", help="Draw latency, "
                                      "KV pages, RSS and frames of the run: .png .svg .html."),
+    timeline_path: Path = typer.Option(None, "--timeline", metavar="PATH", help="Write one "
+                                       "JSON line per block (start, end, denoise, commit, "
+                                       "decode and encode-wait seconds, KV pages) to PATH; "
+                                       "--json then lists them as blocks."),
     debug: bool = options.DebugOpt,
 ) -> None:
     """Generate a video block by block over the paged KV cache (no CONFIG: the embedded default).
@@ -75,18 +80,21 @@ def rollout_command(
                 "rollout.batch": options.batch_value(batch)})
             drawing = picture.RunPicture(report_path, "--report")
             options.check_command_paths(run_config, config, json_path,
-                                        [("--report", report_path)])
+                                        [("--report", report_path),
+                                         ("--timeline", timeline_path)])
+            timeline = Timeline(timeline_path)
             stop = RolloutStop()
             stop_signals.follow(stop)
             show = progress.wants_progress(no_progress or quiet)
             frames_on = preview.wants_preview(show_frames, quiet, json_path)
             with preview.rollout_display(show, frames_on, run_config.output.fps) as bar:
                 stop_signals.when_stuck(bar, lambda stuck: finish_run(  # ardiff_cli._signals
-                    stuck, json_path, quiet, debug, drawing.write(stuck), json_out))
-                report = run_job(run_config, on_event=drawing.follow(bar.update), stop=stop)
+                    stuck, json_path, quiet, debug, drawing.write(stuck), json_out, timeline))
+                report = run_job(run_config, on_event=timeline.follow(
+                    drawing.follow(bar.update)), stop=stop)
         stop_signals.hold()  # the stats and the summary are written whatever comes now
         if stop_signals.received and report.status == "ok":
             print(f"{stop_signals.received} came too late to stop anything: the run completed",
                   file=sys.stderr)
-        finish_run(report, json_path, quiet, debug, drawing.write(report), json_out)
+        finish_run(report, json_path, quiet, debug, drawing.write(report), json_out, timeline)
 

@@ -131,6 +131,8 @@ class BatchBenchReport:
                 "forwards": {str(k): v for k, v in sorted(arm.forwards.items())},
                 "block_wall_s": _spread(arm.times.wall_s),
                 "block_cpu_s": _spread(arm.times.cpu_s),
+                "blocks": {"wall_s": list(arm.times.wall_s), "cpu_s": list(arm.times.cpu_s),
+                           "frames": list(arm.frames_made)},  # one entry per timed block
                 "frames_per_s": _spread(per_s),
                 "frames": sum(arm.frames_made),
                 "speedup": {kind: None if s is None else s.to_dict()

@@ -87,5 +87,7 @@ class BenchReport:
 def _arm_dict(arm: Arm, kv_bytes: int | None, plan_min_bytes: int) -> dict[str, Any]:
     return {"wall_s": Spread.of(arm.times.wall_s).to_dict(),
             "cpu_s": Spread.of(arm.times.cpu_s).to_dict(),
+            "blocks": {"wall_s": list(arm.times.wall_s),  # one entry per timed block, in order
+                       "cpu_s": list(arm.times.cpu_s)},
             "kv_bytes_allocated": kv_bytes,
             "kv_bytes_vs_plan_min": None if kv_bytes is None else kv_bytes / plan_min_bytes}

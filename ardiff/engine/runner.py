@@ -57,6 +57,8 @@ class BlockResult:
 
     output: BlockOutput
     latency: Latency
+    started_s: float = 0.0   # time.perf_counter() when its forward began
+    stages_s: dict[str, float] = field(default_factory=dict)  # KVState.stage_s: host seconds
 
     @property
     def latency_s(self) -> float:
@@ -145,10 +147,12 @@ class Runner:
             if request.clear_cross_kv:
                 for branch in self.cache.spec.kv_branches:
                     self.cache.cross.clear(request.session_id, branch.name)
+        started, stage_times = time.perf_counter(), list[dict[str, float]]()
         timer = start_timer(self.device, self.event_factory)
         stage = ["bind_ar_diffusion_state"]
         try:
-            outputs = forward_batch(self.pipeline, self.cache, requests, self._bind, stage)
+            outputs = forward_batch(self.pipeline, self.cache, requests, self._bind, stage,
+                                    stage_times)
             stage[0] = "generate_blocks' outputs"
             for info, request, output in zip(infos, requests, outputs):
                 info.frame_size = self._check_output(info, request, output)
@@ -160,7 +164,8 @@ class Runner:
         for request in requests:
             if request.close_session:
                 self._release(request.session_id, Release.CLOSED)
-        return [BlockResult(output, latency) for output in outputs]
+        return [BlockResult(output, latency, started, stages)
+                for output, stages in zip(outputs, stage_times)]
 
     def _admit_batch(self, session_ids: list[str]) -> list[SessionInfo]:
         """Admit every session; the batch's resident ones become the most recently used
@@ -194,10 +199,11 @@ class Runner:
         if request.clear_cross_kv:
             for branch in self.cache.spec.kv_branches:
                 self.cache.cross.clear(sid, branch.name)
+        started, stages = time.perf_counter(), dict[str, float]()
         timer = start_timer(self.device, self.event_factory)
         stage = ["bind_ar_diffusion_state"]  # what was running when an exception came
         try:
-            output = self._forward(request, stage)
+            output = self._forward(request, stage, stages)
             info.frame_size = self._check_output(info, request, output)
         except BaseException as exc:
             self._fail(sid, request.block_index, exc, stage[0])
@@ -205,11 +211,13 @@ class Runner:
         info.blocks += 1
         if request.close_session:
             self._release(sid, Release.CLOSED)
-        return BlockResult(output, latency)
+        return BlockResult(output, latency, started, stages)
 
-    def _forward(self, request: RolloutRequest, stage: list[str]) -> BlockOutput:
+    def _forward(self, request: RolloutRequest, stage: list[str],
+                 stages: dict[str, float]) -> BlockOutput:
         """generate_block inside the pipeline's bind; the state is closed when the bind ends,
-        and a KV block the pipeline entered and never exited with it (a failed forward)."""
+        and a KV block the pipeline entered and never exited with it (a failed forward).
+        `stages` gets the state's stage times."""
         state = open_state(self.cache, request.session_id)
         raised: BaseException | None = None
         try:
@@ -223,6 +231,7 @@ class Runner:
                 stage[0] = "bind_ar_diffusion_state"  # its exit
         finally:
             left_open = state.close()
+            stages.update(state.stage_s)
         if raised is not None:  # the bind's __exit__ swallowed it: the block never finished
             raise PipelineError(f"session {request.session_id!r} block {request.block_index}: "
                                 f"bind_ar_diffusion_state suppressed {type(raised).__name__}: "

@@ -17,6 +17,7 @@ state closes: `close()` returns how to name it, so the runner can fail the forwa
 from __future__ import annotations
 
 import contextlib
+import time
 from types import TracebackType
 from typing import Any, Iterator, Literal, NamedTuple
 
@@ -131,7 +132,7 @@ class BlockScope:
     slot), leaving commits it (a clean commit) or gives it back (a probe, an exception).
     A class rather than a generator: it runs five times per AR block of a 4-step model."""
 
-    __slots__ = ("state", "branch", "commit", "num_frames", "slot", "kv", "blk")
+    __slots__ = ("state", "branch", "commit", "num_frames", "slot", "kv", "blk", "started")
     slot: int
     kv: BlockKV
     blk: Block
@@ -156,6 +157,7 @@ class BlockScope:
         self.slot = slot
         self.blk = Block(state, branch, self.kv, num_frames, self.commit)
         state._in_flight_blocks.append(InFlight(self.blk, self.kv, slot))
+        self.started = time.perf_counter()
         return self.blk
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -168,6 +170,8 @@ class BlockScope:
         finally:
             self.state._left(self.blk)
             self.state._cache.close_slot(self.slot)
+            stage = "commit" if self.commit else "denoise"
+            self.state.stage_s[stage] += time.perf_counter() - self.started
         return False
 
 
@@ -207,6 +211,9 @@ class KVState:
         self.checks = TensorChecks(cache.spec, cache.torch_dtype, cache.device)
         self._closed = False
         self._in_flight_blocks: list[InFlight] = []  # entered, not yet exited
+        # Host seconds inside its probe blocks (denoising steps) and its commit: a timeline's
+        # stages (on CUDA the time to queue them; the device may still be running).
+        self.stage_s: dict[str, float] = {"denoise": 0.0, "commit": 0.0}
 
     def close(self) -> list[str]:
         """End the bind; any later use raises. Safe to call twice. A block still in flight

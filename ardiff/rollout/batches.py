@@ -133,4 +133,5 @@ def _forward(runner: Runner, plan: RolloutPlan, group: list[Stream], written: di
         written[stream.index] += int(frames.shape[0])
         made[stream.index] += 1
         yield BlockEvent(stream, made[stream.index] - 1, frames, result.latency,
-                         written[stream.index], ends_forward=row == len(group) - 1)
+                         written[stream.index], ends_forward=row == len(group) - 1,
+                         started_s=result.started_s, stages_s=result.stages_s)

@@ -219,7 +219,9 @@ def _run(runner: Runner, plan: RolloutPlan, config: RunConfig, report: RolloutRe
         failure, when a parallel rank's poll would wait for peers that may be gone)."""
         for event in gate.steps(ready):
             with gate.files():
+                handed = time.perf_counter()
                 _write(event, writers, config, report, writes)
+                encode_wait_s = time.perf_counter() - handed
                 if report.time_to_first_frame_s is None:
                     report.time_to_first_frame_s = time.perf_counter() - start
                 if event.frames_written >= plan.frames and event.stream.index in writers:
@@ -228,7 +230,7 @@ def _run(runner: Runner, plan: RolloutPlan, config: RunConfig, report: RolloutRe
             if not writers and report.frames_written >= report.frames_requested:
                 stop.phase = "closing"  # every file is final: only the sessions' close is left
             emit(ProgressEvent("rollout", report.frames_written, report.frames_requested, event,
-                               runner.cache.stats().pages_in_use))
+                               runner.cache.stats().pages_in_use, encode_wait_s))
             if poll and event.ends_forward and _stopped(report, stop):
                 return True
         return False

@@ -17,9 +17,9 @@ blocks and the positions checked against `max_model_len` are exact:
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 from ardiff.config.run import PromptSwitch, RunConfig
 from ardiff.contract import ARDiffusionPipeline
@@ -103,6 +103,8 @@ class BlockEvent:
     latency: Latency      # a float, or a DeviceLatency read at the first latency_s
     frames_written: int   # this stream's frames so far, including these
     ends_forward: bool = True  # the last block of its forward (a batch's others came first)
+    started_s: float = 0.0     # time.perf_counter() when its forward began
+    stages_s: Mapping[str, float] = field(default_factory=dict)  # denoise, commit: host s
 
     @property
     def latency_s(self) -> float:
@@ -227,7 +229,8 @@ def iter_rollout(runner: Runner, plan: RolloutPlan) -> Iterator[BlockEvent]:
             written[stream.index] += int(frames.shape[0])
             next_block[stream.index] += 1
             yield BlockEvent(stream, block_index, frames, result.latency,
-                             written[stream.index])
+                             written[stream.index], started_s=result.started_s,
+                             stages_s=result.stages_s)
             if written[stream.index] >= plan.frames:  # closed after its frames are handed on
                 pending.remove(stream)
                 runner.close_session(stream.session_id)

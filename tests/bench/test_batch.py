@@ -150,6 +150,8 @@ def test_the_cli_prints_a_row_per_size_and_the_json(tmp_path):
     assert "| 0 (2/2 rows) |" in lines[5]
     data = json.loads((tmp_path / "b.json").read_text())
     assert [size["batch"] for size in data["sizes"]] == [1, 2]
+    blocks = data["sizes"][1]["blocks"]  # per timed block: its wall and CPU seconds, frames
+    assert len(blocks["wall_s"]) == len(blocks["cpu_s"]) == len(blocks["frames"]) == 1
 
 
 @pytest.mark.parametrize("args, message", [

@@ -53,6 +53,8 @@ def test_bench_json_has_paired_ratios_equal_frames_and_exact_paged_bytes(tmp_pat
     paged, dense = data["arms"]["paged"], data["arms"]["dense"]
     for arm in (paged, dense):  # 2 repeats x 2 blocks, wall and model-thread CPU
         assert arm["wall_s"]["n"] == arm["cpu_s"]["n"] == 4 and arm["wall_s"]["median"] > 0
+        assert len(arm["blocks"]["wall_s"]) == len(arm["blocks"]["cpu_s"]) == 4  # per block
+        assert min(arm["blocks"]["wall_s"]) > 0
     ratio = data["ratios"]["paged/dense"]["wall"]
     assert ratio["n"] == 4 and ratio["p10"] <= ratio["median"] <= ratio["p90"]
     assert data["max_abs_frame_diff"]["paged/dense"] <= 1
