@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
+from extras import require_extra
 from PIL import Image
 
 from ardiff.errors import ConfigError
@@ -46,7 +47,7 @@ def test_missing_matplotlib_says_how_to_install_it(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("suffix", [".png", ".svg", ".html"])
 def test_the_picture_is_a_valid_file(tmp_path, suffix):
-    pytest.importorskip("matplotlib")
+    require_extra("plot")
     path = tmp_path / f"run{suffix}"
     write_figure(timeline(), path, "a run", {"status": "ok <&>"})
     if suffix == ".png":
@@ -62,7 +63,7 @@ def test_the_picture_is_a_valid_file(tmp_path, suffix):
 
 
 def test_a_dense_run_without_pages_still_draws(tmp_path):
-    pytest.importorskip("matplotlib")
+    require_extra("plot")
     line = timeline()
     line.pages_in_use = [None] * 3
     write_figure(line, tmp_path / "dense.png", "dense")
