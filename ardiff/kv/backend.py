@@ -195,7 +195,7 @@ def attend_rows(cache: KVCacheBase[Any], rows: list[RowKV], layer: int, q: torch
     returns [B, q_tokens, q_heads, hs] (docs/design.md#batched-blocks).
 
     Rows with the same key count go through the kernel's stacked form in one call (equal
-    to row-by-row attends: CPU's SDPA is bit-equal); a row alone in its key count, a
+    to row-by-row attends within the bounds across kernels, docs/development.md); a row alone in its key count, a
     kernel without a stacked form, or a group past STACKED_MAX_BYTES goes row by row,
     as the single attend does. Ragged histories are grouped, never padded (masked,
     padded SDPA measured slower than the rows one by one).

@@ -18,6 +18,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 import yaml
+from extras import require_extra
 from fifos import late_reader, read_fifo
 
 from ardiff.video import disk
@@ -147,7 +148,7 @@ def test_an_action_log_the_disk_cannot_hold_keeps_the_old_file_and_names_the_use
 
 
 def test_a_picture_through_a_symlink_to_a_file_of_another_suffix_keeps_its_format(tmp_path):
-    pytest.importorskip("matplotlib")
+    require_extra("plot")
     (tmp_path / "picture").write_text("old")
     (tmp_path / "run.svg").symlink_to("picture")
     assert picture.RunPicture(tmp_path / "run.svg", "--report").write(fake_report()) is None

@@ -7,9 +7,9 @@ world-model server for the module (token, 2 sessions, small limits), warmup off.
 from __future__ import annotations
 
 import pytest
+from extras import require_extra
 
-for _name in ("fastapi", "uvicorn", "prometheus_client", "httpx", "websockets"):
-    pytest.importorskip(_name)  # the serve extra: a core install skips these tests
+require_extra("serve")
 
 import io
 

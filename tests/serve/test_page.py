@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from extras import require_extra
 
-for _name in ("fastapi", "uvicorn", "prometheus_client", "httpx", "websockets"):
-    pytest.importorskip(_name)  # the serve extra
-sync_api = pytest.importorskip("playwright.sync_api")  # the browser extra
+require_extra("serve")
+require_extra("browser")
+from playwright import sync_api  # noqa: E402
 
 CHROMIUM = (os.environ.get("ARDIFF_CHROMIUM") or shutil.which("chromium")
             or shutil.which("chromium-browser"))

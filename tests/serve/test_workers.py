@@ -8,9 +8,9 @@ The tests share one server, in file order; the last one stops it."""
 from __future__ import annotations
 
 import pytest
+from extras import require_extra
 
-for _name in ("fastapi", "uvicorn", "prometheus_client", "httpx", "websockets"):
-    pytest.importorskip(_name)  # the serve extra: a core install skips these tests
+require_extra("serve")
 
 import json
 import os
