@@ -53,6 +53,7 @@ def draws_text(monkeypatch) -> None:
                         lambda timeline, path, title, summary: Path(path).write_text(title))
 
 
+@pytest.mark.extra("plot")
 def test_a_picture_for_a_fifo_nobody_reads_gives_up_and_says_so(quick_fifo, monkeypatch):
     draws_text(monkeypatch)
     fifo = quick_fifo("run.svg")
@@ -63,6 +64,7 @@ def test_a_picture_for_a_fifo_nobody_reads_gives_up_and_says_so(quick_fifo, monk
                        f"0.2 s; the picture was not written; start its reader first")
 
 
+@pytest.mark.extra("plot")
 def test_a_picture_for_a_fifo_or_a_device_is_written_into_it(quick_fifo, monkeypatch, tmp_path):
     draws_text(monkeypatch)
     fifo, got = quick_fifo("run.svg"), []
@@ -119,6 +121,7 @@ def test_a_picture_the_disk_cannot_hold_keeps_the_old_file_and_leaves_nothing(tm
     assert os.listdir(tmp_path) == ["run.png"]  # no half picture, no work file
 
 
+@pytest.mark.extra("plot")
 def test_a_picture_through_a_symlink_replaces_the_target_whole(tmp_path, monkeypatch):
     draws_text(monkeypatch)
     (tmp_path / "real.svg").write_text("old")

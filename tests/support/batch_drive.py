@@ -12,7 +12,8 @@ A schedule is a list of batches; a session appears at most once per batch and th
 of a batch may be at any block (ragged). Both arms see the same requests in the same order,
 so any difference is the batching's. The bound, where kernels may differ (a batched matmul
 is free to sum in another order): numerics.py's across kernels (`exact` is for the same
-kernels: paged vs dense, a run repeated). A tap records the rows a pipeline decodes, in request order.
+kernels: paged vs dense, a run repeated). A tap records the rows a pipeline decodes, in
+request order.
 """
 
 from __future__ import annotations

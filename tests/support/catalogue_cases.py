@@ -49,6 +49,7 @@ class Case:
     command: str = "rollout"
     config_arg: str = "run.yaml"
     needs: str | None = None      # READ_ONLY or NO_CUDA
+    extra: str | None = None      # the optional extra the case needs (skipped without it)
     exact: bool = True            # False: the message has machine-specific text
     subprocess: bool = False      # also run through the installed command (slow: keep few)
 
@@ -373,10 +374,11 @@ CASES = [
          args=("--json", "fault_pipelines.py")),
     Case("`--report` is the `--json` file", 2, r"^--report: 'run\.svg' is the same file as "
          r"--json 'run\.svg'; the run would write it twice, and one would be lost; pick another "
-         r"name, like 'run\.png'$", args=("--json", "run.svg", "--report", "run.svg")),
+         r"name, like 'run\.png'$", args=("--json", "run.svg", "--report", "run.svg"),
+         extra="plot"),
     Case("`bench --plot` is the `--json` file", 2, r"^--plot: 'b\.svg' is the same file as "
          r"--json 'b\.svg'; the run would write it twice", command="bench",
-         args=("--json", "b.svg", "--plot", "b.svg")),
+         args=("--json", "b.svg", "--plot", "b.svg"), extra="plot"),
     Case("`play --actions-out` is the config file", 2, r"^--actions-out: 'run\.yaml' is the "
          r"same file as config 'run\.yaml'; the run would overwrite its input; pick another "
          r"name, like 'play\.actions\.yaml'$", config=entry("bouncing"), command="play",
@@ -467,7 +469,7 @@ CASES = [
          r"60 frames need 30 blocks in a row, frame positions up to 60, but the pipeline's "
          r"max_model_len is 40; lower rollout\.frames to 40", command="bench",
          config={**args_of(max_model_len=40), **rollout(frames=60)},
-         args=("--no-encode", "--plot", "run.png")),
+         args=("--no-encode", "--plot", "run.png"), extra="plot"),
     # -- #25, red team: a PNG folder's frames are files it replaces ---------------------------
     Case("a PNG folder that holds an input named like a frame", 2, r"^output\.path: 'frames' is "
          r"a folder of PNG frames that holds rollout\.prompts 'frame_000000\.png'; the run "

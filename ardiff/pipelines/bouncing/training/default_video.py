@@ -111,13 +111,15 @@ def perturbed_videos(seed: int, actions: list[str], frames: int,
 
 
 def batched_videos(rows: list[tuple[int, list[str], int | None]], frames: int,
-                   batch: int = 64) -> np.ndarray:
+                   batch: int = 64, **pipeline_args) -> np.ndarray:
     """One video per row (world seed, action script, +-1 pattern seed or None for the
-    plain start), `batch` rows per batched forward -> [rows, F, 3, S, S] in [0, 1]."""
+    plain start), `batch` rows per batched forward -> [rows, F, 3, S, S] in [0, 1];
+    `pipeline_args` override the pipeline's (BouncingConfig fields, e.g. num_steps)."""
     entry = f"{__name__}:PerturbedWorld"
     batch = min(batch, len(rows))
     config = ardiff.build_config({"pipeline": {"entry": entry,
-                                               "args": {"session_capacity": batch, "upscale": 1}},
+                                               "args": {**pipeline_args, "upscale": 1,
+                                                        "session_capacity": batch}},
                                   "runtime": {"device": "cpu", "memory_budget": "256MiB"}})
     runner = ardiff.build_runner(config, batch_rows=batch)
     videos = []
