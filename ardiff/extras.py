@@ -10,7 +10,6 @@ an extra installs: prometheus-client -> prometheus_client).
 
 from __future__ import annotations
 
-import importlib.metadata
 import re
 
 _EXTRA_MARKER = re.compile(r"""extra\s*==\s*["']([^"']+)["']""")
@@ -19,6 +18,8 @@ _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 def extras_by_module() -> dict[str, str]:
     """Import name -> the extra that installs it (the first extra naming it)."""
+    import importlib.metadata  # only when an import failed: `ardiff --help` stays light
+
     try:
         requires = importlib.metadata.requires("ardiff") or []
     except importlib.metadata.PackageNotFoundError:  # a source tree that is not installed

@@ -210,7 +210,12 @@ def _fits(resolved: ResolvedPipeline, memory_bytes: int, dtype: str, registers: 
 
 
 def _measured_memory(device: str) -> int | None:
-    """The device's free memory now, or None when it is not on this machine."""
+    """The device's free memory now, or None when it is not on this machine, or when torch is
+    not imported yet: inspect-spec imports it only if the pipeline's module does."""
+    import sys
+
+    if "torch" not in sys.modules:
+        return None
     try:
         return free_memory_bytes(resolve_device(device))
     except ConfigError:

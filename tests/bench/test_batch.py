@@ -126,7 +126,7 @@ def test_speedup_is_paired_per_step_on_the_time_per_frame():
      "4 resident (its session_capacity); use batch sizes up to 4, or raise it where the "
      "pipeline takes it (e.g. --set pipeline.args.session_capacity=8)"),
     ([4], CapacityError, "--batch: 4 sessions in one forward, but runtime.memory_budget "
-     "(3.0KiB) holds 1 with their blocks in flight; use smaller batch sizes, or raise "
+     "(3.0KiB) holds 2 with their blocks in flight; use smaller batch sizes, or raise "
      "runtime.memory_budget"),
 ])
 def test_sizes_the_pipeline_or_the_budget_cannot_hold_are_refused(tmp_path, sizes, error,
