@@ -127,6 +127,9 @@ class Block:
                                f"layer once")
 
 
+STAGES = {False: "denoise", True: "commit"}  # a timeline's stages: probe blocks, the commit
+
+
 class BlockScope:
     """The `with` of `state.block(...)`: entering checks and opens the block (claiming the
     slot), leaving commits it (a clean commit) or gives it back (a probe, an exception).
@@ -170,8 +173,7 @@ class BlockScope:
         finally:
             self.state._left(self.blk)
             self.state._cache.close_slot(self.slot)
-            stage = "commit" if self.commit else "denoise"
-            self.state.stage_s[stage] += time.perf_counter() - self.started
+            self.state.stage_s[STAGES[self.commit]] += time.perf_counter() - self.started
         return False
 
 
@@ -211,9 +213,7 @@ class KVState:
         self.checks = TensorChecks(cache.spec, cache.torch_dtype, cache.device)
         self._closed = False
         self._in_flight_blocks: list[InFlight] = []  # entered, not yet exited
-        # Host seconds inside its probe blocks (denoising steps) and its commit: a timeline's
-        # stages (on CUDA the time to queue them; the device may still be running).
-        self.stage_s: dict[str, float] = {"denoise": 0.0, "commit": 0.0}
+        self.stage_s = dict.fromkeys(STAGES.values(), 0.0)  # host s (on CUDA: to queue them)
 
     def close(self) -> list[str]:
         """End the bind; any later use raises. Safe to call twice. A block still in flight
