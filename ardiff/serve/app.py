@@ -15,18 +15,18 @@
     GET    /health                    no token needed;   GET /metrics  Prometheus text
     GET    /                          the page (static/: no token needed, it holds no data)
 
-With a token, every endpoint but /health and the page needs `Authorization: Bearer <token>`;
-a WebSocket may give it as that header or as `?token=<token>` (browsers cannot set its
-headers).
+Who may call (token, Host, Origin, JSON bodies) is `ardiff.serve.http.Guard`'s: with a
+token, every endpoint but /health and the page needs `Authorization: Bearer <token>`; a
+WebSocket may give it as that header or as `?token=<token>` (browsers cannot set its headers).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
-import secrets
 import tempfile
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -38,25 +38,34 @@ from starlette.concurrency import run_in_threadpool
 
 from ardiff.errors import ConfigError
 from ardiff.serve.frames import frame_message
+from ardiff.serve.http import (
+    WS_BUSY,
+    WS_FAILED,
+    WS_POLICY_VIOLATION,
+    WS_TOO_BIG,
+    WS_UNKNOWN,
+    Guard,
+    add_guard,
+    close_reason,
+    error_response,
+    parse_json,
+    read_json_body,
+    unprocessable,
+)
 from ardiff.serve.manager import SessionBusy, SessionManager, SessionRefused, UnknownSession
 from ardiff.serve.metrics import ServeMetrics
 from ardiff.serve.session import ServeSession, State
 
 PAGE_FILES = {"index.html": "text/html", "page.js": "text/javascript", "page.css": "text/css"}
-OPEN_PATHS = ("/health", "/", *(f"/static/{name}" for name in PAGE_FILES))  # no token needed
-WS_POLICY_VIOLATION = 1008   # a bad token
-WS_TOO_BIG = 1009            # a client message over serve.max_message_bytes
-WS_FAILED = 1011             # the session's pipeline failed: the reason is its error line
-WS_UNKNOWN = 4404            # no such session
-WS_BUSY = 4409               # another client streams it
-MAX_REASON_BYTES = 123       # what a WebSocket close reason may hold
 
 
-def create_app(manager: SessionManager, token: str | None = None,
+def create_app(manager: SessionManager, guard: Guard | None = None,
                worker: int | None = None) -> FastAPI:
     """The app; its shutdown (uvicorn's, on SIGINT/SIGTERM) shuts the manager down.
+    `guard`: who may call (None: no token, IP-address hosts, its own origin).
     `worker`: the app is worker `worker` of `--workers N` (ardiff.serve.workers): every
     response names it (header X-Ardiff-Worker; GET of a session: `worker`)."""
+    guard = guard or Guard()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -68,7 +77,7 @@ def create_app(manager: SessionManager, token: str | None = None,
     metrics = ServeMetrics(manager)
     limits = manager.config.serve
 
-    add_token_check(app, token, worker)
+    add_guard(app, guard, worker)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -90,16 +99,15 @@ def create_app(manager: SessionManager, token: str | None = None,
 
     @app.post("/v1/sessions", status_code=201)
     async def create_session(request: Request) -> Response:
-        body = await _read_body(request, limits.max_body_bytes)
+        body = await read_json_body(request, limits.max_body_bytes)
         if isinstance(body, Response):
             return body
         try:
             session = await run_in_threadpool(manager.create, body)
         except SessionRefused as exc:
-            return JSONResponse({"error": str(exc)}, 503,
-                                {"Retry-After": str(exc.retry_after_s)})
+            return error_response(str(exc), 503, {"Retry-After": str(exc.retry_after_s)})
         except ConfigError as exc:
-            return _unprocessable(exc)
+            return unprocessable(exc)
         sid = session.public_id
         return JSONResponse({"id": sid, "stream": f"/v1/sessions/{sid}/stream",
                              "video": f"/v1/sessions/{sid}/video",
@@ -150,9 +158,9 @@ def create_app(manager: SessionManager, token: str | None = None,
 
     @app.websocket("/v1/sessions/{session_id}/stream")
     async def stream(websocket: WebSocket, session_id: str) -> None:
-        if token is not None and not _has_token(websocket.headers.get("authorization"),
-                                                websocket.query_params.get("token"), token):
-            await websocket.close(WS_POLICY_VIOLATION, "missing or wrong token")
+        problem = guard.websocket_problem(websocket)
+        if problem is not None:
+            await websocket.close(WS_POLICY_VIOLATION, close_reason(problem))
             return
         await websocket.accept(headers=None if worker is None else
                                [(b"x-ardiff-worker", str(worker).encode())])
@@ -160,10 +168,10 @@ def create_app(manager: SessionManager, token: str | None = None,
         try:
             session = manager.connect(session_id, lambda: _call_soon(loop, wake))
         except UnknownSession as exc:
-            await websocket.close(WS_UNKNOWN, _reason(str(exc)))
+            await websocket.close(WS_UNKNOWN, close_reason(str(exc)))
             return
         except SessionBusy as exc:
-            await websocket.close(WS_BUSY, _reason(str(exc)))
+            await websocket.close(WS_BUSY, close_reason(str(exc)))
             return
         try:
             await _stream(websocket, manager, session, wake)
@@ -212,7 +220,7 @@ async def _send_end(websocket: WebSocket, session: ServeSession, lock: asyncio.L
         await websocket.send_text(json.dumps({"event": state.value, "frames": session.frames_made,
                                               "error": session.error}))
         if state is State.FAILED:
-            await websocket.close(WS_FAILED, _reason(session.error or "failed"))
+            await websocket.close(WS_FAILED, close_reason(session.error or "failed"))
         else:
             await websocket.close(1000, state.value)
 
@@ -242,9 +250,9 @@ async def _receive(websocket: WebSocket, manager: SessionManager, session: Serve
 def _apply(manager: SessionManager, session: ServeSession, text: str) -> str | None:
     """One client message applied to its session; the one-line error, or None."""
     try:
-        message = json.loads(text)
-    except ValueError:
-        return "message: not JSON; send {\"action\": ...}, {\"prompt\": ...} or {\"pause\": ...}"
+        message = parse_json(text, "message")
+    except ConfigError as exc:
+        return f"{exc} ({{\"action\": ...}}, {{\"prompt\": ...}} or {{\"pause\": ...}})"
     if not isinstance(message, dict) or not message.keys() & {"action", "prompt", "pause"}:
         return ("message: expected an object with action, prompt (and on_switch) or pause; "
                 "got " + text[:80])
@@ -263,36 +271,6 @@ def _apply(manager: SessionManager, session: ServeSession, text: str) -> str | N
     return None
 
 
-async def _read_body(request: Request, max_bytes: int) -> Any:
-    """The request's JSON (None when empty), or the error Response (413, 422)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        return _too_large(max_bytes)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            return _too_large(max_bytes)
-        chunks.append(chunk)
-    raw = b"".join(chunks)
-    if not raw.strip():
-        return None
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        return _unprocessable(ConfigError(f"body: not JSON ({exc}); send a JSON object"))
-
-
-def _unprocessable(exc: ConfigError) -> Response:
-    message = str(exc)
-    return JSONResponse({"error": message, "field": message.split(":", 1)[0]}, 422)
-
-
-def _too_large(max_bytes: int) -> Response:
-    return JSONResponse({"error": f"body: larger than serve.max_body_bytes ({max_bytes} "
-                                  f"bytes); send a smaller one"}, 413)
-
-
 def describe_server(manager: SessionManager) -> dict[str, Any]:
     """What a client needs to start and steer sessions: the pipeline, its actions and the
     keys of `play` (key -> action), the session defaults, the capacity."""
@@ -301,28 +279,14 @@ def describe_server(manager: SessionManager) -> dict[str, Any]:
     config, names = manager.config, manager.action_names
     keys = {} if names is None else dict(key_map(config.play, names).keys)
     prompt = config.rollout.prompt
+    inputs = manager.inputs
     return {"pipeline": config.pipeline.entry, "actions": None if names is None else list(names),
+            "inputs": None if inputs is None else dataclasses.asdict(inputs),
             "keys": keys, "idle": manager.idle_action, "capacity": manager.capacity,
             "defaults": {"prompt": prompt if isinstance(prompt, str) else None,
                          "seed": config.rollout.seed, "frames": config.rollout.frames,
                          "fps": config.output.fps,
                          "mode": "paced" if names is not None else "fast"}}
-
-
-def add_token_check(app: FastAPI, token: str | None, worker: int | None = None) -> None:
-    """Every HTTP request but `OPEN_PATHS` needs `Authorization: Bearer <token>` (no token:
-    none does); a worker of a pool names itself in `x-ardiff-worker` on every answer."""
-
-    @app.middleware("http")
-    async def authorize(request: Request, call_next: Any) -> Response:
-        if token is not None and request.url.path not in OPEN_PATHS and not _has_token(
-                request.headers.get("authorization"), None, token):
-            return JSONResponse({"error": "missing or wrong token; send Authorization: Bearer "
-                                          "<token>"}, 401, {"WWW-Authenticate": "Bearer"})
-        response: Response = await call_next(request)
-        if worker is not None:
-            response.headers["x-ardiff-worker"] = str(worker)
-        return response
 
 
 def add_page_routes(app: FastAPI) -> None:
@@ -352,16 +316,3 @@ def _call_soon(loop: asyncio.AbstractEventLoop, wake: asyncio.Event) -> None:
     """Set `wake` on its loop, from any thread (a loop already closed: nobody waits)."""
     with contextlib.suppress(RuntimeError):
         loop.call_soon_threadsafe(wake.set)
-
-
-def _has_token(header: str | None, query: str | None, token: str) -> bool:
-    given = query
-    if header is not None and header.lower().startswith("bearer "):
-        given = header[len("bearer "):].strip()
-    return given is not None and secrets.compare_digest(given.encode(), token.encode())
-
-
-def _reason(text: str) -> str:
-    """A close reason: at most MAX_REASON_BYTES of UTF-8, cut at a character."""
-    data = text.encode("utf-8")[:MAX_REASON_BYTES]
-    return data.decode("utf-8", "ignore")

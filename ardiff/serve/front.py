@@ -34,17 +34,17 @@ from starlette.concurrency import run_in_threadpool
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from ardiff.serve.app import (
+from ardiff.serve.app import add_page_routes
+from ardiff.serve.frames import parse_frame_message
+from ardiff.serve.http import (
     WS_FAILED,
     WS_POLICY_VIOLATION,
     WS_UNKNOWN,
-    _has_token,
-    _read_body,
-    _reason,
-    add_page_routes,
-    add_token_check,
+    Guard,
+    add_guard,
+    close_reason,
+    read_json_body,
 )
-from ardiff.serve.frames import parse_frame_message
 from ardiff.serve.metrics import PREFIX
 from ardiff.serve.workers import WORKER_HEADER, WorkerPool, WorkerSlot
 
@@ -53,8 +53,10 @@ PASSED_HEADERS = ("content-type", "content-disposition", "retry-after", WORKER_H
 WORKER_TIMEOUT = httpx.Timeout(120.0, connect=5.0)  # a DELETE waits for a block boundary
 
 
-def create_front_app(pool: WorkerPool, token: str | None = None) -> FastAPI:
-    """The front's app; its shutdown (uvicorn's, on SIGINT/SIGTERM) stops every worker."""
+def create_front_app(pool: WorkerPool, guard: Guard | None = None) -> FastAPI:
+    """The front's app; its shutdown (uvicorn's, on SIGINT/SIGTERM) stops every worker.
+    `guard`: who may call (ardiff.serve.http; the workers trust only the front)."""
+    guard = guard or Guard()
     clients: dict[str, httpx.AsyncClient] = {}
 
     @contextlib.asynccontextmanager
@@ -74,7 +76,7 @@ def create_front_app(pool: WorkerPool, token: str | None = None) -> FastAPI:
     def http() -> httpx.AsyncClient:
         return clients["http"]
 
-    add_token_check(app, token)
+    add_guard(app, guard)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -107,7 +109,7 @@ def create_front_app(pool: WorkerPool, token: str | None = None) -> FastAPI:
 
     @app.post("/v1/sessions", status_code=201)
     async def create_session(request: Request) -> Response:
-        body = await _read_body(request, limits.max_body_bytes)
+        body = await read_json_body(request, limits.max_body_bytes)
         if isinstance(body, Response):
             return body
         return await _place(http(), pool, json.dumps(body).encode())
@@ -142,9 +144,9 @@ def create_front_app(pool: WorkerPool, token: str | None = None) -> FastAPI:
 
     @app.websocket("/v1/sessions/{session_id}/stream")
     async def stream(websocket: WebSocket, session_id: str) -> None:
-        if token is not None and not _has_token(websocket.headers.get("authorization"),
-                                                websocket.query_params.get("token"), token):
-            await websocket.close(WS_POLICY_VIOLATION, "missing or wrong token")
+        problem = guard.websocket_problem(websocket)
+        if problem is not None:
+            await websocket.close(WS_POLICY_VIOLATION, close_reason(problem))
             return
         await _proxy_stream(websocket, pool, session_id)
 
@@ -381,13 +383,13 @@ async def _end_unrouted(websocket: WebSocket, pool: WorkerPool, session_id: str,
         if pool.route(session_id) is not None:  # alive, but its worker did not answer
             await websocket.close(WS_FAILED, "its worker did not answer; reconnect")
             return
-        await websocket.close(WS_UNKNOWN, _reason(f"no session {session_id[:64]!r}; it was "
-                                                  f"closed or never existed"))
+        await websocket.close(WS_UNKNOWN, close_reason(f"no session {session_id[:64]!r}; it "
+                                                       f"was closed or never existed"))
         return
     _worker, error = lost
     await websocket.send_text(json.dumps({"event": "failed", "frames": frames,
                                           "error": error}))
-    await websocket.close(WS_FAILED, _reason(error))
+    await websocket.close(WS_FAILED, close_reason(error))
 
 
 # -- metrics -------------------------------------------------------------------------------

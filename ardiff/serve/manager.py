@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ardiff.config.run import RunConfig
+from ardiff.contract.inputs import get_pipeline_inputs
 from ardiff.engine.batching import supports_batches
 from ardiff.engine.build import build_runner, resolve
 from ardiff.engine.runner import Runner
@@ -73,6 +74,7 @@ class SessionManager(BlockScheduler):
         self.batch = 1 if not supports_batches(runner.pipeline) else max(1, min(
             serve.batch or self.capacity, runner.plan.batch_rows, self.capacity))
         self.action_names = pipeline_actions(runner.pipeline)
+        self.inputs = get_pipeline_inputs(runner.pipeline)  # None: it declares nothing
         spec = runner.plan.spec
         self.frames_per_block, self.max_model_len = spec.frames_per_block, spec.max_model_len
         self.video_per_block, self.video_first_block = video_frames_per_block(
@@ -114,6 +116,8 @@ class SessionManager(BlockScheduler):
         """A session's options and walker from a request body; ConfigError names the body's
         dotted path. Changes nothing."""
         options = read_session_options(body, self.config, self.action_names is not None)
+        if isinstance(body, dict) and body.get("prompt") is not None:
+            self._check_takes_prompts("prompt")
         config = options.config
         planned = options.frames if options.frames is not None else self.video_first_block
         config = dataclasses.replace(config, rollout=dataclasses.replace(
@@ -194,6 +198,7 @@ class SessionManager(BlockScheduler):
 
     def switch_prompt(self, public_id: str, prompt: Any, on_switch: Any = "keep") -> None:
         """From the session's next block on, `prompt` (as a schedule's switch does)."""
+        self._check_takes_prompts("prompt")
         if not isinstance(prompt, str):
             raise ConfigError(f"prompt: expected a string, got {type(prompt).__name__}")
         problem = text_problem(prompt)
@@ -205,6 +210,17 @@ class SessionManager(BlockScheduler):
                               f"{', '.join(ON_SWITCH)}")
         with self._cond:
             self.get(public_id).walker.switch_prompt(prompt, on_switch)
+
+    @property
+    def takes_prompts(self) -> bool:
+        """The pipeline reads prompts (it declares `accepted`/`required`, or nothing)."""
+        return self.inputs is None or self.inputs.takes("prompt")
+
+    def _check_takes_prompts(self, where: str) -> None:
+        if not self.takes_prompts:
+            raise ConfigError(f"{where}: this pipeline ignores prompts (its PipelineInputs say "
+                              f"prompt: ignored); leave the prompt out, or serve a "
+                              f"text-conditioned pipeline")
 
     def pause(self, public_id: str, paused: bool) -> None:
         """Pause (from the next block boundary) or resume a session."""
@@ -282,8 +298,11 @@ class SessionManager(BlockScheduler):
         return stats.pages_in_use, stats.pages_total
 
     def queued_frames(self) -> int:
+        """Frames waiting for a client: of live sessions, and of ended ones still streamed
+        (an ended session nobody streams counts no more, though its record stays)."""
         with self._cond:
-            return sum(len(s.queue) for s in self.sessions.values())
+            return sum(len(s.queue) for s in self.sessions.values()
+                       if not s.state.is_final or s.clients)
 
     def frames_dropped(self) -> int:
         with self._cond:

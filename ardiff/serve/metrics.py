@@ -5,12 +5,13 @@
 
     ardiff_serve_sessions_active              sessions active or paused (holding a slot)
     ardiff_serve_sessions_capacity            sessions the server admits at once
-    ardiff_serve_sessions_{created,refused,failed,closed}_total
+    ardiff_serve_sessions_{created,refused,done,failed,closed}_total   (done: every frame made)
     ardiff_serve_blocks_total                 AR blocks made for sessions
     ardiff_serve_blocks_per_second            over the last 10 s
     ardiff_serve_block_latency_seconds        histogram of one block's forward
     ardiff_serve_kv_pages_in_use / _total     the KV cache's pages (absent: a cache without)
-    ardiff_serve_queue_frames                 frames waiting for clients, all sessions
+    ardiff_serve_queue_frames                 frames waiting for clients (live sessions, and
+                                              ended ones a client still streams)
     ardiff_serve_frames_dropped_total         frames dropped for slow clients
 """
 
@@ -60,6 +61,7 @@ class _ManagerCollector:
         for name, value, help_text in (
                 ("sessions_created", stats.created, "Sessions admitted"),
                 ("sessions_refused", stats.refused, "Sessions refused (503)"),
+                ("sessions_done", stats.done, "Sessions that made every frame they asked for"),
                 ("sessions_failed", stats.failed, "Sessions failed by a pipeline error"),
                 ("sessions_closed", stats.closed, "Sessions closed"),
                 ("blocks", stats.blocks, "AR blocks made for sessions"),

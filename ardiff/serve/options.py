@@ -25,7 +25,6 @@ from ardiff.limits import MAX_FPS, MAX_NUM_STEPS, MAX_SEED, MIN_FPS
 
 Mode = Literal["paced", "fast"]
 ImageFormat = Literal["jpeg", "png", "webp"]
-_UNSET = "__config__"  # a key the body left out: the server config's value
 
 
 @dataclass(frozen=True, config=ConfigDict(extra="forbid", use_attribute_docstrings=True))
@@ -36,8 +35,9 @@ class SessionBody:
     """A prompt, or a schedule of switches starting at frame 0 (as rollout.prompt)."""
     negative_prompt: Text | None = None
     seed: Annotated[StrictInt, Field(ge=0, le=MAX_SEED)] | None = None
-    frames: FrameCount | None | Literal["__config__"] = "__config__"
-    """Video frames to make; null: open-ended (until serve.max_frames or DELETE)."""
+    frames: FrameCount | None = None
+    """Video frames to make; null: open-ended (until serve.max_frames or DELETE); left out:
+    rollout.frames (read off the body's keys: no value stands for "left out")."""
     actions: list[Text | list[Text]] | None = None
     """One action (or one per frame) per block, repeating, as rollout.actions; a client's
     `{"action": ...}` message replaces one block's."""
@@ -82,7 +82,7 @@ def read_session_options(body: Any, config: RunConfig, has_actions: bool) -> Ses
     if isinstance(checked.prompt, list):  # a schedule: rollout.prompt's own rules, messages
         schema.validate(RolloutConfig, {"prompt": body["prompt"]})
     _check_prompt_lengths(checked, config.serve.max_prompt_chars)
-    frames = _frames(checked.frames, config)
+    frames = _frames(checked.frames if "frames" in body else config.rollout.frames, config)
     given: dict[str, Any] = {
         "prompt": checked.prompt, "negative_prompt": checked.negative_prompt,
         "seed": checked.seed, "actions": checked.actions, "num_steps": checked.num_steps,
@@ -98,9 +98,7 @@ def read_session_options(body: Any, config: RunConfig, has_actions: bool) -> Ses
     return SessionOptions(merged, frames, mode, checked.image, checked.paused)
 
 
-def _frames(frames: int | None | str, config: RunConfig) -> int | None:
-    if frames == _UNSET:
-        frames = config.rollout.frames
+def _frames(frames: int | None, config: RunConfig) -> int | None:
     if frames is not None and int(frames) > config.serve.max_frames:
         raise ConfigError(f"frames: {frames} is more than this server's serve.max_frames of "
                           f"{config.serve.max_frames}; ask for fewer, or null for an "

@@ -34,6 +34,7 @@ class ServeStats:
 
     created: int = 0
     refused: int = 0
+    done: int = 0
     failed: int = 0
     closed: int = 0
     blocks: int = 0
@@ -120,7 +121,7 @@ class BlockScheduler:
                 self._fail(session, result)
                 continue
             try:  # a device error surfaces here on CUDA; a full disk in the recording
-                self._deliver(session, request, result, started)
+                self._deliver(session, request, result, started, len(work))
             except Exception as exc:  # noqa: BLE001 - that session fails, not the server
                 self._fail(session, exc)
 
@@ -136,7 +137,7 @@ class BlockScheduler:
         return results
 
     def _deliver(self, session: ServeSession, request: Any, result: BlockResult,
-                 started_s: float) -> None:
+                 started_s: float, rows: int) -> None:
         latency = result.latency_s
         wanted = session.walker.frames - session.frames_made
         frames = result.output.frames[:max(0, wanted)].detach().to("cpu").numpy()
@@ -150,6 +151,8 @@ class BlockScheduler:
             session.blocks += 1
             session.latencies_s.append(latency)
             session.last_run_s = time.monotonic()
+            session.add_timing(request.block_index, started_s, session.last_run_s, latency,
+                               rows, result.output.extra.get("stage_times_s"))
             if session.options.mode == "paced":
                 period = frames.shape[0] / session.options.fps
                 session.next_tick_s = max(session.next_tick_s + period, started_s)
@@ -172,6 +175,7 @@ class BlockScheduler:
         with self._cond:
             if not session.state.is_final:
                 session.state = State.DONE
+                self.stats.done += 1
             self._cond.notify_all()
         session.queue.wake()
 

@@ -495,6 +495,7 @@ def worker_main(job: WorkerJob, conn: Connection) -> None:
 
         torch.set_num_threads(job.threads)
         from ardiff.serve.app import create_app
+        from ardiff.serve.http import Guard
         from ardiff.serve.manager import SessionManager
 
         manager = SessionManager.build(job.config)
@@ -506,8 +507,8 @@ def worker_main(job: WorkerJob, conn: Connection) -> None:
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(128)
-    server = _worker_server(create_app(manager, job.secret, worker=job.index), manager,
-                            job.max_message_bytes)
+    app = create_app(manager, Guard(token=job.secret), worker=job.index)
+    server = _worker_server(app, manager, job.max_message_bytes)
     threading.Thread(target=_follow_front, args=(conn, server, manager), daemon=True).start()
     _send(conn, "ready", {"port": listener.getsockname()[1], "pid": os.getpid(),
                           "capacity": manager.capacity})

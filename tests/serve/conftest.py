@@ -35,6 +35,7 @@ class Server:
         import uvicorn
 
         from ardiff.serve.app import create_app
+        from ardiff.serve.http import Guard
         from ardiff.serve.manager import SessionManager
 
         self.manager = SessionManager.build(config)
@@ -45,7 +46,7 @@ class Server:
         self.port = self.listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(
-            create_app(self.manager, token), log_level="warning", lifespan="on",
+            create_app(self.manager, Guard(token=token)), log_level="warning", lifespan="on",
             ws_max_size=config.serve.max_message_bytes))
         self.thread = threading.Thread(target=self.server.run, args=([self.listener],),
                                        daemon=True)
