@@ -141,18 +141,21 @@ def create_app(manager: SessionManager, guard: Guard | None = None,
 
     @app.get("/v1/sessions/{session_id}/video")
     async def session_video(session_id: str) -> Response:
-        handle, name = tempfile.mkstemp(suffix=".mp4", prefix="ardiff-video-")
-        os.close(handle)
+        handle, name = tempfile.mkstemp(suffix=".mp4", prefix="video-", dir=manager.folder.work)
+        os.close(handle)  # in the server's own folder: swept if it is killed mid-answer
         target = Path(name)
         try:
             frames = await run_in_threadpool(manager.video, session_id, target)
         except UnknownSession as exc:
             target.unlink(missing_ok=True)
-            return JSONResponse({"error": str(exc)}, 404)
+            return error_response(str(exc), 404)
+        except Exception as exc:  # noqa: BLE001 - closed under us: its files went with it
+            target.unlink(missing_ok=True)
+            return error_response(f"video: the session's video is gone ({type(exc).__name__}); "
+                                  f"it was closed while this request read it", 404)
         if frames == 0:
             target.unlink(missing_ok=True)
-            return JSONResponse({"error": "no frame was made yet; try again after the first "
-                                          "block"}, 404)
+            return error_response("no frame was made yet; try again after the first block", 404)
         return FileResponse(target, media_type="video/mp4", filename="session.mp4",
                             background=BackgroundTask(target.unlink, missing_ok=True))
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -35,6 +33,7 @@ from ardiff.rollout.inputs import pipeline_actions, read_actions
 from ardiff.rollout.job import needs_processes
 from ardiff.rollout.streams import latent_frame_map, plan_rollout, video_frames_per_block
 from ardiff.serve.blocks import BlockWalker
+from ardiff.serve.folder import RunFolder
 from ardiff.serve.frames import FrameQueue
 from ardiff.serve.options import SessionOptions, check_prompt_length, read_session_options
 from ardiff.serve.recording import Recording
@@ -64,11 +63,9 @@ class SessionBusy(ArdiffError):
 class SessionManager(BlockScheduler):
     """Sessions of one runner; thread-safe. `on_block(latency_s)` is called per block."""
 
-    def __init__(self, config: RunConfig, runner: Runner, output_dir: Path,
-                 owns_output_dir: bool = False) -> None:
+    def __init__(self, config: RunConfig, runner: Runner, folder: RunFolder) -> None:
         _check_one_worker(config)
-        self.config, self.runner = config, runner
-        self.output_dir, self.owns_output_dir = output_dir, owns_output_dir
+        self.config, self.runner, self.folder = config, runner, folder
         serve = config.serve
         self.capacity = min(runner.plan.session_capacity, serve.max_sessions or 2**31)
         self.batch = 1 if not supports_batches(runner.pipeline) else max(1, min(
@@ -105,8 +102,7 @@ class SessionManager(BlockScheduler):
         try:
             if config.warmup.enabled:
                 runner.warmup()
-            output_dir, owns = output_folder(config)
-            return cls(config, runner, output_dir, owns)
+            return cls(config, runner, RunFolder.open(config))
         except BaseException:
             runner.close()
             raise
@@ -140,11 +136,12 @@ class SessionManager(BlockScheduler):
             self._count += 1
             session_id = f"serve-{self._count}"
             walker.session_id = session_id
-            path = self.output_dir / f"session-{self._count}.mp4"
+            path = self.folder.recording_path(self._count)
+            keep = self.folder.keep if self.config.serve.keep_videos else None
             session = ServeSession(
                 secrets.token_urlsafe(24), session_id, options, walker,
                 FrameQueue(self.config.serve.queue_frames),
-                Recording(path, options.fps, self.config.output.scale),
+                Recording(path, options.fps, self.config.output.scale, keep),
                 state=State.PAUSED if options.paused else State.ACTIVE)
             self.sessions[session.public_id] = session
             self.stats.created += 1
@@ -288,8 +285,7 @@ class SessionManager(BlockScheduler):
             self._cond.notify_all()
         self._thread.join(timeout_s)
         self.runner.close()
-        if self.owns_output_dir and not self.config.serve.keep_videos:
-            shutil.rmtree(self.output_dir, ignore_errors=True)
+        self.folder.close()
 
     # -- numbers -------------------------------------------------------------------------
     def kv_pages(self) -> tuple[int | None, int | None]:
@@ -352,23 +348,6 @@ def _check_one_worker(config: RunConfig) -> None:
     if needs_processes(config):
         raise ConfigError("runtime.parallel.workers: a SessionManager is one worker; "
                           "several are a WorkerPool's (ardiff.serve.workers)")
-
-
-def output_folder(config: RunConfig) -> tuple[Path, bool]:
-    """serve.output_dir (created, absolute), or a new temporary folder the server owns (True).
-    One server's recordings, or with --workers the root of each worker's folder."""
-    if config.serve.output_dir is None:
-        return Path(tempfile.mkdtemp(prefix="ardiff-serve-")), True
-    folder = Path(config.serve.output_dir)
-    if not folder.is_absolute():
-        folder = config.base_dir / folder
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"serve.output_dir: cannot create {str(folder)!r} "
-                          f"({type(exc).__name__}: {exc.strerror}); choose a writable "
-                          f"folder") from exc
-    return folder.resolve(), False
 
 
 def _body_path(message: str) -> str:

@@ -22,12 +22,13 @@ decides.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
 import secrets
-import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from ardiff.distributed.topology import check_devices, rank_budget, rank_device,
 from ardiff.engine.device import resolve_device
 from ardiff.errors import EXIT_FAILED, ArdiffError, CapacityError, ConfigError, RunError
 from ardiff.launch.parent import host_cores
+from ardiff.serve.folder import TEMP_PREFIX, sweep, sweep_temp
 
 POLL_S = 0.25            # how often the monitor looks at its workers
 SWEEP_S = 2.0            # how often it forgets routes of sessions a worker no longer has
@@ -104,7 +106,7 @@ class WorkerPool:
     worker (died, restarted) for the command to print."""
 
     def __init__(self, config: RunConfig, on_event: Callable[[str], None] | None = None) -> None:
-        from ardiff.serve.manager import check_serve_config, output_folder
+        from ardiff.serve.manager import check_serve_config
 
         check_serve_config(config)
         parallel = config.runtime.parallel
@@ -121,7 +123,8 @@ class WorkerPool:
         self.on_event = on_event or (lambda line: None)
         self.secret = secrets.token_urlsafe(32)
         self.threads = rank_threads(parallel.threads, host_cores(), self.size)
-        self.output_root, self.owns_output_root = output_folder(config)  # workers: a folder each
+        self.output_root, self.owns_output_root = output_root(config)  # each worker: its own
+                                                                          # RunFolder inside
         self.slots = [WorkerSlot(i, rank_device(device, i)) for i in range(self.size)]
         self.routes: dict[str, Route] = {}
         self.lost: collections.OrderedDict[str, tuple[int, str]] = collections.OrderedDict()
@@ -173,8 +176,7 @@ class WorkerPool:
         from ardiff.serve.manager import check_serve_config
 
         slot.generation += 1
-        name = f"worker-{slot.index}" + (f"-{slot.generation}" if slot.generation else "")
-        slot.output_dir = self.output_root / name
+        slot.output_dir = self.output_root
         job = WorkerJob(self._worker_config(slot, slot.output_dir), slot.index, self.secret,
                         self.threads, self.config.serve.max_message_bytes)
         check_serve_config(job.config)
@@ -346,8 +348,7 @@ class WorkerPool:
             slot.conn.close()
         if slot.proc is not None:
             slot.proc.join(0)
-        if not self.config.serve.keep_videos and slot.output_dir is not None:
-            shutil.rmtree(slot.output_dir, ignore_errors=True)  # its unfinished recordings
+        sweep(self.output_root)  # its work folder: unfinished recordings (kept ones stay)
         self.on_event(f"worker {slot.index}: {how}" + (
             f"; it closed its {len(lost)} session(s)" if clean else
             f"; {len(lost)} session(s) failed" if was == "ready" else f"; {slot.error}"))
@@ -409,14 +410,12 @@ class WorkerPool:
         return self._stopped
 
     def _remove_outputs(self) -> None:
-        """The workers' folders (unless `serve.keep_videos`), and a temporary root."""
-        if self.config.serve.keep_videos:
-            return
-        for slot in self.slots:
-            if slot.output_dir is not None:
-                shutil.rmtree(slot.output_dir, ignore_errors=True)
+        """What workers that did not stop left (their work folders), and a temporary root
+        unless it holds kept videos. Each worker removed its own folder as it stopped."""
+        sweep(self.output_root)
         if self.owns_output_root:
-            shutil.rmtree(self.output_root, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.output_root.rmdir()
 
     def _totals(self) -> dict[str, Any]:
         finals = [slot.final for slot in self.slots if slot.final is not None]
@@ -440,6 +439,16 @@ class WorkerPool:
             if slot.conn is not None:
                 slot.conn.close()
             slot.state = "stopped"
+
+
+def output_root(config: RunConfig) -> tuple[Path, bool]:
+    """The folder the workers share (each makes its own RunFolder in it): serve.output_dir,
+    or a new temporary folder the pool owns (True)."""
+    if config.serve.output_dir is not None:
+        folder = Path(config.serve.output_dir)
+        return (folder if folder.is_absolute() else config.base_dir / folder), False
+    sweep_temp()
+    return Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")), True
 
 
 def _start_forkserver() -> None:
