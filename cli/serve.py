@@ -105,12 +105,18 @@ def serve_command(
         return
     app = create_app(manager, guard)
     bound = listener.getsockname()[1]
-    server = _server(app, manager, run_config.serve.max_message_bytes)
+    server = _server(app, manager, run_config.serve.max_message_bytes,
+                     run_config.serve.stop_timeout_s)
     _warn_if_open(host, token)
     print(f"ardiff serve: listening on http://{_url_host(host)}:{bound} ({manager.capacity} "
           f"sessions, batch {manager.batch}); Ctrl-C stops", file=sys.stderr, flush=True)
     server.run(sockets=[listener])
     manager.shutdown()  # done by the app's shutdown, unless a second Ctrl-C skipped it
+    if manager.abandoned:
+        print(f"error: a forward was still running serve.stop_timeout_s "
+              f"({run_config.serve.stop_timeout_s:g} s) after the stop; its sessions failed",
+              file=sys.stderr)
+        raise typer.Exit(EXIT_FAILED)
     if manager.scheduler_error is not None:
         print(f"error: the scheduler failed: {type(manager.scheduler_error).__name__}: "
               f"{manager.scheduler_error}", file=sys.stderr)
@@ -143,7 +149,8 @@ def _serve_workers(pool: Any, listener: socket.socket, host: str, guard: Any) ->
     say = _say
     try:
         app = create_front_app(pool, guard)
-        server = _server(app, pool, pool.config.serve.max_message_bytes)
+        server = _server(app, pool, pool.config.serve.max_message_bytes,
+                         pool.config.serve.stop_timeout_s)
         _warn_if_open(host, guard.token)
         capacity = sum(slot.capacity for slot in pool.slots)
         devices = ", ".join(slot.device for slot in pool.slots)
@@ -240,7 +247,7 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _server(app: Any, manager: Any, max_message_bytes: int) -> Any:
+def _server(app: Any, manager: Any, max_message_bytes: int, stop_timeout_s: float) -> Any:
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -265,7 +272,8 @@ def _server(app: Any, manager: Any, max_message_bytes: int) -> Any:
                     signal.signal(signal.SIGHUP, hangup)
 
     server = Server(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                   ws_max_size=max_message_bytes, timeout_graceful_shutdown=30))
+                                   ws_max_size=max_message_bytes,
+                                   timeout_graceful_shutdown=int(stop_timeout_s) + 5))
     for sig in STOP_SIGNALS:
         signal.signal(sig, server.handle_exit)
     return server

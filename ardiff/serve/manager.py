@@ -84,6 +84,11 @@ class SessionManager(BlockScheduler):
         self._count = 0
         self._cond = threading.Condition()
         self._stopping = False
+        self._stopper: threading.Thread | None = None  # begin_shutdown's, running shutdown
+        self._stop_lock = threading.Lock()             # one shutdown at a time
+        self._stopped = False
+        self._files = threading.Lock()  # the scheduler's hold on recordings (see _abandon)
+        self.abandoned = False          # a forward was stuck at the stop: files taken over
         self._thread = threading.Thread(target=self._loop, name="ardiff-serve-scheduler",
                                         daemon=True)
         self.scheduler_error: BaseException | None = None
@@ -256,8 +261,8 @@ class SessionManager(BlockScheduler):
             session = self.get(public_id)
             session.close_requested = True
             self._cond.notify_all()
-            self._cond.wait_for(lambda: session.state is State.CLOSED or self._thread_gone,
-                                timeout_s)
+            self._cond.wait_for(lambda: session.state is State.CLOSED or self._thread_gone
+                                or self.abandoned, timeout_s)
             return session.describe(0)
 
     def video(self, public_id: str, target: Path, timeout_s: float = 60.0) -> int:
@@ -267,25 +272,53 @@ class SessionManager(BlockScheduler):
             if not session.state.is_final:
                 session.roll_requested = True  # the scheduler finishes the open segment
                 self._cond.notify_all()
-                self._cond.wait_for(lambda: not session.roll_requested or self._thread_gone,
-                                    timeout_s)
+                self._cond.wait_for(lambda: not session.roll_requested or self._thread_gone
+                                    or self.abandoned, timeout_s)
         return session.recording.join(target)
 
     # -- stopping ------------------------------------------------------------------------
     def begin_shutdown(self) -> None:
-        """Take no new session (503) from now on; the ones running go on."""
+        """Take no new session (503) from now on and start `shutdown` on a thread of its
+        own, so the streams end as their sessions close (a signal handler calls this)."""
         with self._cond:
             self.accepting = False
+            if self._stopper is not None:
+                return
+            self._stopper = threading.Thread(target=self.shutdown, daemon=True,
+                                             name="ardiff-serve-stop")
+        self._stopper.start()
 
-    def shutdown(self, timeout_s: float = 120.0) -> None:
+    def shutdown(self) -> None:
         """Stop taking sessions, let the blocks in flight finish, close every session (hooks
-        run, pages back), close the runner and the output folder. Safe to call twice."""
-        with self._cond:
-            self.accepting, self._stopping = False, True
-            self._cond.notify_all()
-        self._thread.join(timeout_s)
-        self.runner.close()
-        self.folder.close()
+        run, pages back), close the runner and the output folder. A forward still running
+        `serve.stop_timeout_s` later is left to itself: its sessions fail, every video is
+        finished, the runner is not touched again. Safe to call twice, from any thread."""
+        with self._stop_lock:
+            if self._stopped:
+                return
+            with self._cond:
+                self.accepting, self._stopping = False, True
+                self._cond.notify_all()
+            self._thread.join(self.config.serve.stop_timeout_s)
+            if self._thread.is_alive():
+                self._abandon()
+            else:
+                self.runner.close()
+            self.folder.close()
+            self._stopped = True
+
+    def _abandon(self) -> None:
+        """The scheduler is stuck in a forward: fail every session it holds (as `_fail`,
+        but without the runner, which that forward still uses) and finish their videos.
+        The scheduler, should the forward return, touches no file after this."""
+        why = (f"stopped: a forward still ran {self.config.serve.stop_timeout_s:g} s after "
+               f"the stop (serve.stop_timeout_s); the session failed with it")
+        with self._files:
+            with self._cond:
+                self.abandoned = True
+                left = list(self.sessions.values())
+            for session in left:
+                self._fail_files(session, why)
 
     # -- numbers -------------------------------------------------------------------------
     def kv_pages(self) -> tuple[int | None, int | None]:

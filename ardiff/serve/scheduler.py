@@ -14,6 +14,7 @@ idle timeouts are seen). It never raises: an unexpected error is kept in
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -56,6 +57,8 @@ class BlockScheduler:
     _cond: threading.Condition
     _thread: threading.Thread
     _stopping: bool
+    _files: threading.Lock    # held while this thread touches a recording
+    abandoned: bool           # the stop took the files over: touch none
 
     @property
     def _thread_gone(self) -> bool:
@@ -68,7 +71,12 @@ class BlockScheduler:
         except BaseException as exc:  # noqa: BLE001 - kept for shutdown to report
             self.scheduler_error = exc
         finally:
-            self._close_everything()
+            with self._files:
+                if not self.abandoned:
+                    self._close_everything()
+            if self.abandoned:  # the stuck forward returned after the stop: its pages back
+                with contextlib.suppress(Exception):
+                    self.runner.close()
 
     def _turn(self) -> bool:
         """One turn: closes and rolls, then one block of each due session (up to `batch`).
@@ -86,12 +94,15 @@ class BlockScheduler:
                 self._cond.wait(self._wait_s(now))
                 return True
             work = [(s, s.walker.next_request()) for s in due]
-        self._finish(closing, rolling)
-        for s, request in work:
-            if request is None:
-                self._done(s)
+        with self._files:
+            if self.abandoned:
+                return False
+            self._finish(closing, rolling)
+            for s, request in work:
+                if request is None:
+                    self._done(s)
         work = [(s, r) for s, r in work if r is not None]
-        while work:
+        while work and not self.abandoned:
             self._run(work[:self.batch])
             work = work[self.batch:]
         return True
@@ -108,15 +119,20 @@ class BlockScheduler:
         return max(0.0, min([MAX_WAIT_S, *ticks]))
 
     def _run(self, work: list[tuple[ServeSession, Any]]) -> None:
-        sessions, requests = [s for s, _ in work], [r for _, r in work]
+        requests = [r for _, r in work]
         started = time.monotonic()
         try:
-            results = self._execute(requests)
+            results: list[BlockResult | BaseException] = self._execute(requests)
         except Exception as exc:  # noqa: BLE001 - the batch's sessions fail, not the server
-            for session in sessions:
-                self._fail(session, exc)
-            return
-        for session, request, result in zip(sessions, requests, results):
+            results = [exc] * len(requests)
+        with self._files:
+            if not self.abandoned:  # else the stop failed these sessions already
+                self._take(work, results, started)
+
+    def _take(self, work: list[tuple[ServeSession, Any]],
+              results: list[BlockResult | BaseException], started: float) -> None:
+        """A forward's results to their sessions: frames delivered, or the session failed."""
+        for (session, request), result in zip(work, results):
             if isinstance(result, BaseException):
                 self._fail(session, result)
                 continue
@@ -181,14 +197,20 @@ class BlockScheduler:
 
     def _fail(self, session: ServeSession, exc: BaseException) -> None:
         self._release(session)  # the runner released it already; a batch's others too
+        self._fail_files(session, " ".join(str(exc).split()) or type(exc).__name__)
+
+    def _fail_files(self, session: ServeSession, error: str) -> None:
+        """The session failed with `error` (one line): its video finished, its client told.
+        A session already ended keeps its state."""
         try:
             session.recording.close()
         except Exception:  # noqa: BLE001 - the session's end goes on without its video
             pass
         with self._cond:
-            session.state = State.FAILED
-            session.error = " ".join(str(exc).split()) or type(exc).__name__
-            self.stats.failed += 1
+            if not session.state.is_final:
+                session.state = State.FAILED
+                session.error = error
+                self.stats.failed += 1
             self._cond.notify_all()
         session.queue.wake()
 

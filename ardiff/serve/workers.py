@@ -48,7 +48,8 @@ from ardiff.serve.folder import TEMP_PREFIX, sweep, sweep_temp
 POLL_S = 0.25            # how often the monitor looks at its workers
 SWEEP_S = 2.0            # how often it forgets routes of sessions a worker no longer has
 START_TIMEOUT_S = 600.0  # a worker that is not serving this long after its start is failed
-STOP_TIMEOUT_S = 150.0   # a worker asked to stop that has not this long later is killed
+STOP_MARGIN_S = 10.0     # a worker asked to stop that has not serve.stop_timeout_s + this
+                         # later is killed
 RESTART_BACKOFF_S = (1.0, 30.0)  # a worker that dies while it loads: first and longest wait
 MAX_LOST = 10_000        # records of sessions lost with a worker, kept for their clients
 PRELOAD = ["torch", "ardiff.serve.app", "ardiff.serve.workers"]  # the forkserver imports them
@@ -382,7 +383,7 @@ class WorkerPool:
         return {"Authorization": f"Bearer {self.secret}"}
 
     # -- stopping ------------------------------------------------------------------------
-    def shutdown(self, timeout_s: float = STOP_TIMEOUT_S) -> dict[str, Any]:
+    def shutdown(self, timeout_s: float | None = None) -> dict[str, Any]:
         """Ask every worker to stop (each closes its sessions, its pages back, and exits),
         wait for them, remove what they recorded unless `serve.keep_videos`. Returns the
         totals (sessions served, closed, failed, lost; KV pages in use and in all; workers
@@ -399,6 +400,8 @@ class WorkerPool:
                     slot.conn.send("stop")
                 except (OSError, ValueError):
                     pass
+        if timeout_s is None:
+            timeout_s = self.config.serve.stop_timeout_s + STOP_MARGIN_S
         deadline = time.monotonic() + timeout_s
         for slot in self.slots:
             if slot.proc is not None:
@@ -517,7 +520,8 @@ def worker_main(job: WorkerJob, conn: Connection) -> None:
     listener.bind(("127.0.0.1", 0))
     listener.listen(128)
     app = create_app(manager, Guard(token=job.secret), worker=job.index)
-    server = _worker_server(app, manager, job.max_message_bytes)
+    server = _worker_server(app, manager, job.max_message_bytes,
+                            job.config.serve.stop_timeout_s)
     threading.Thread(target=_follow_front, args=(conn, server, manager), daemon=True).start()
     _send(conn, "ready", {"port": listener.getsockname()[1], "pid": os.getpid(),
                           "capacity": manager.capacity})
@@ -526,11 +530,15 @@ def worker_main(job: WorkerJob, conn: Connection) -> None:
     finally:
         manager.shutdown()
         in_use, total = manager.kv_pages()
-        error = manager.scheduler_error
+        error: Any = manager.scheduler_error
+        if manager.abandoned:
+            error = ("a forward still ran serve.stop_timeout_s after the stop; its sessions "
+                     "failed")
         _send(conn, "stopped", {
             "closed": manager.stats.closed, "failed": manager.stats.failed,
             "kv_pages_in_use": in_use, "kv_pages_total": total,
-            "scheduler_error": None if error is None else f"{type(error).__name__}: {error}"})
+            "scheduler_error": None if error is None else error if isinstance(error, str) else
+            f"{type(error).__name__}: {error}"})
         listener.close()
 
 
@@ -551,7 +559,8 @@ def _follow_front(conn: Connection, server: Any, manager: Any) -> None:
     server.should_exit = True
 
 
-def _worker_server(app: Any, manager: Any, max_message_bytes: int) -> Any:
+def _worker_server(app: Any, manager: Any, max_message_bytes: int,
+                   stop_timeout_s: float) -> Any:
     import uvicorn
 
     class WorkerServer(uvicorn.Server):
@@ -566,5 +575,5 @@ def _worker_server(app: Any, manager: Any, max_message_bytes: int) -> Any:
 
     return WorkerServer(uvicorn.Config(app, log_level="warning", lifespan="on",
                                        ws_max_size=max_message_bytes,
-                                       timeout_graceful_shutdown=30))
+                                       timeout_graceful_shutdown=int(stop_timeout_s) + 5))
 

@@ -77,7 +77,8 @@ def test_asking_for_the_video_again_and_again_reuses_its_segments(serve_app, tmp
         assert server.http.get(f"/v1/sessions/{session}/video").status_code == 200
         most = max(most, len([p for p in work.iterdir() if p.name.startswith("session-")]))
     assert most <= 3, most  # one joined segment, one being written (and its work file)
-    assert [p.name for p in work.iterdir() if p.name.startswith("video-")] == []
+    wait_until(lambda: not [p for p in work.iterdir() if p.name.startswith("video-")], 30,
+               "each answer's file to go once sent")
     server.http.delete(f"/v1/sessions/{session}")
 
 
@@ -99,7 +100,7 @@ def test_a_video_request_racing_the_close_is_a_404_never_a_500(serve_app, wait_u
         asking.join(60)
         assert set(codes) <= {200, 404}, codes
     work = server.manager.folder.work
-    assert [p.name for p in work.iterdir()] == []  # no temporary video, no segment
+    wait_until(lambda: not list(work.iterdir()), 30, "no temporary video, no segment")
 
 
 def test_a_killed_server_s_folder_is_swept_by_the_next_one(serve_app, tmp_path):
