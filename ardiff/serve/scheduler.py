@@ -5,9 +5,9 @@
            -> frames to each session's recording and client queue -> done / failed
 
 A session is due when it is active and (paced) its tick came, or (fast) always. With a
-pipeline that has `generate_blocks` a turn's sessions share forwards (`execute_batch`: one
-that raises fails every session in it); without, one `execute` each, so a failure is that
-session's alone. The thread sleeps until the next paced tick, a change, or MAX_WAIT_S (so
+pipeline that has `generate_blocks` a turn's sessions share forwards (`execute_rows`: a
+forward that raises before committing runs each session again alone, so a failing row
+fails its own session only); without, one `execute` each. The thread sleeps until the next paced tick, a change, or MAX_WAIT_S (so
 idle timeouts are seen). It never raises: an unexpected error is kept in
 `scheduler_error`, every session is closed and the thread ends.
 """
@@ -142,8 +142,8 @@ class BlockScheduler:
                 self._fail(session, exc)
 
     def _execute(self, requests: list[Any]) -> list[BlockResult | BaseException]:
-        if len(requests) > 1 and self.batch > 1:
-            return list(self.runner.execute_batch(requests))
+        if self.batch > 1:
+            return list(self.runner.execute_rows(requests))
         results: list[BlockResult | BaseException] = []
         for request in requests:  # one by one: a failure is that session's alone
             try:
