@@ -5,6 +5,8 @@
     POST   /v1/sessions               body: session options (ardiff.serve.options) -> 201
                                       {id, stream, video, status}; 422 {error, field};
                                       503 + Retry-After when no slot is free; 413 too large
+    PUT    /v1/sessions/{id}          the same with the client's id (a balancer hashes it);
+                                      409 when it exists
     GET    /v1/sessions               every live session, capacity, KV pages
     GET    /v1/sessions/{id}          status, frames, latency percentiles, KV pages
     DELETE /v1/sessions/{id}          close it (hooks run, pages back)
@@ -52,7 +54,13 @@ from ardiff.serve.http import (
     read_json_body,
     unprocessable,
 )
-from ardiff.serve.manager import SessionBusy, SessionManager, SessionRefused, UnknownSession
+from ardiff.serve.manager import (
+    SessionBusy,
+    SessionExists,
+    SessionManager,
+    SessionRefused,
+    UnknownSession,
+)
 from ardiff.serve.metrics import ServeMetrics
 from ardiff.serve.session import ServeSession, State
 
@@ -99,13 +107,22 @@ def create_app(manager: SessionManager, guard: Guard | None = None,
 
     @app.post("/v1/sessions", status_code=201)
     async def create_session(request: Request) -> Response:
+        return await _create(request, None)
+
+    @app.put("/v1/sessions/{session_id}", status_code=201)
+    async def create_named_session(request: Request, session_id: str) -> Response:
+        return await _create(request, session_id)
+
+    async def _create(request: Request, session_id: str | None) -> Response:
         body = await read_json_body(request, limits.max_body_bytes)
         if isinstance(body, Response):
             return body
         try:
-            session = await run_in_threadpool(manager.create, body)
+            session = await run_in_threadpool(manager.create, body, session_id)
         except SessionRefused as exc:
             return error_response(str(exc), 503, {"Retry-After": str(exc.retry_after_s)})
+        except SessionExists as exc:
+            return error_response(str(exc), 409)
         except ConfigError as exc:
             return unprocessable(exc)
         sid = session.public_id

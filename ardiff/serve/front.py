@@ -34,6 +34,7 @@ from starlette.concurrency import run_in_threadpool
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
+from ardiff.errors import ConfigError
 from ardiff.serve.app import add_page_routes
 from ardiff.serve.frames import parse_frame_message
 from ardiff.serve.http import (
@@ -44,8 +45,10 @@ from ardiff.serve.http import (
     add_guard,
     close_reason,
     read_json_body,
+    unprocessable,
 )
 from ardiff.serve.metrics import PREFIX
+from ardiff.serve.options import check_session_id
 from ardiff.serve.workers import WORKER_HEADER, WorkerPool, WorkerSlot
 
 DEATH_WAIT_S = 5.0      # a worker that stopped answering: how long to wait to hear it died
@@ -114,6 +117,20 @@ def create_front_app(pool: WorkerPool, guard: Guard | None = None) -> FastAPI:
             return body
         return await _place(http(), pool, json.dumps(body).encode())
 
+    @app.put("/v1/sessions/{session_id}", status_code=201)
+    async def create_named_session(request: Request, session_id: str) -> Response:
+        body = await read_json_body(request, limits.max_body_bytes)
+        if isinstance(body, Response):
+            return body
+        try:
+            check_session_id(session_id)
+        except ConfigError as exc:
+            return unprocessable(exc)
+        if pool.route(session_id) is not None:
+            return JSONResponse({"error": f"id: a session {session_id[:64]!r} exists; choose "
+                                          f"another id, or DELETE it first"}, 409)
+        return await _place(http(), pool, json.dumps(body).encode(), session_id)
+
     @app.get("/v1/sessions")
     async def list_sessions() -> dict[str, Any]:
         listings = await asyncio.gather(*(_listing(http(), slot) for slot in pool.ready()))
@@ -154,9 +171,10 @@ def create_front_app(pool: WorkerPool, guard: Guard | None = None) -> FastAPI:
 
 
 # -- placing and routing -------------------------------------------------------------------
-async def _place(client: httpx.AsyncClient, pool: WorkerPool, body: bytes) -> Response:
-    """Create the session on the worker with the most free room; the next one if it refuses
-    (503); 503 when none can take it."""
+async def _place(client: httpx.AsyncClient, pool: WorkerPool, body: bytes,
+                 session_id: str | None = None) -> Response:
+    """Create the session (with the client's id: `PUT`) on the worker with the most free
+    room; the next one if it refuses (503); 503 when none can take it."""
     retry = {"Retry-After": str(pool.config.serve.retry_after_s)}
     if not pool.accepting:
         return JSONResponse({"error": "the server is shutting down; it takes no new "
@@ -179,8 +197,10 @@ async def _place(client: httpx.AsyncClient, pool: WorkerPool, body: bytes) -> Re
             break
         pool.placing[slot.index] += 1
         try:
-            response = await client.post(f"{slot.url}/v1/sessions", content=body,
-                                         headers={"content-type": "application/json"})
+            response = await client.request(
+                "POST" if session_id is None else "PUT",
+                f"{slot.url}/v1/sessions" + ("" if session_id is None else f"/{session_id}"),
+                content=body, headers={"content-type": "application/json"})
         except httpx.HTTPError:
             continue  # it died under us: the next one
         finally:

@@ -35,7 +35,12 @@ from ardiff.rollout.streams import latent_frame_map, plan_rollout, video_frames_
 from ardiff.serve.blocks import BlockWalker
 from ardiff.serve.folder import RunFolder
 from ardiff.serve.frames import FrameQueue
-from ardiff.serve.options import SessionOptions, check_prompt_length, read_session_options
+from ardiff.serve.options import (
+    SessionOptions,
+    check_prompt_length,
+    check_session_id,
+    read_session_options,
+)
 from ardiff.serve.recording import Recording
 from ardiff.serve.scheduler import BlockScheduler, ServeStats
 from ardiff.serve.session import ServeSession, State
@@ -58,6 +63,11 @@ class UnknownSession(ArdiffError):
 
 class SessionBusy(ArdiffError):
     """Another client streams this session."""
+
+
+class SessionExists(ArdiffError):
+    """A session with the id a client chose exists already."""
+
 
 
 class SessionManager(BlockScheduler):
@@ -133,10 +143,18 @@ class SessionManager(BlockScheduler):
                              self.frames_per_block, self.max_model_len, self._idle_action())
         return options, walker
 
-    def create(self, body: Any) -> ServeSession:
-        """Admit a new session (SessionRefused when none can be) and queue its first block."""
+    def create(self, body: Any, public_id: str | None = None) -> ServeSession:
+        """Admit a new session (SessionRefused when none can be) and queue its first block.
+        `public_id`: the client's choice (`PUT /v1/sessions/{id}`, so a balancer can hash
+        it), else a random one; ConfigError for a malformed one, SessionExists for a taken
+        one."""
+        if public_id is not None:
+            check_session_id(public_id)
         options, walker = self.prepare(body)
         with self._cond:
+            if public_id is not None and public_id in self.sessions:
+                raise SessionExists(f"id: a session {public_id[:64]!r} exists; choose "
+                                    f"another id, or DELETE it first")
             self._check_room()
             self._count += 1
             session_id = f"serve-{self._count}"
@@ -144,7 +162,7 @@ class SessionManager(BlockScheduler):
             path = self.folder.recording_path(self._count)
             keep = self.folder.keep if self.config.serve.keep_videos else None
             session = ServeSession(
-                secrets.token_urlsafe(24), session_id, options, walker,
+                public_id or secrets.token_urlsafe(24), session_id, options, walker,
                 FrameQueue(self.config.serve.queue_frames),
                 Recording(path, options.fps, self.config.output.scale, keep),
                 state=State.PAUSED if options.paused else State.ACTIVE)

@@ -13,6 +13,7 @@ client sends names a file: `actions` is a list, never a path. Prompts are capped
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, StrictBool, StrictInt
@@ -23,6 +24,7 @@ from ardiff.config.run import FrameCount, PromptSwitch, RolloutConfig, RunConfig
 from ardiff.errors import ConfigError
 from ardiff.limits import MAX_FPS, MAX_NUM_STEPS, MAX_SEED, MIN_FPS
 
+SESSION_ID = re.compile(r"[A-Za-z0-9_-]{16,128}")  # a client's id: URL-safe, hard to guess
 Mode = Literal["paced", "fast"]
 ImageFormat = Literal["jpeg", "png", "webp"]
 
@@ -119,3 +121,11 @@ def check_prompt_length(where: str, prompt: str, max_chars: int) -> None:
     if len(prompt) > max_chars:
         raise ConfigError(f"{where}: {len(prompt)} characters, more than this server's "
                           f"serve.max_prompt_chars of {max_chars}; shorten the prompt")
+
+
+def check_session_id(public_id: str) -> None:
+    """Refuse a client's session id that is not 16 to 128 URL-safe characters (ConfigError
+    naming `id`): it goes into URLs and a balancer's hash, never into a file name."""
+    if not SESSION_ID.fullmatch(public_id):
+        raise ConfigError(f"id: {public_id[:40]!r} is not a session id; use 16 to 128 "
+                          f"letters, digits, '-' or '_' (a random one: a UUID4's hex)")

@@ -201,6 +201,22 @@ def test_a_sigkilled_worker_fails_only_its_sessions_and_comes_back(front):
     assert going.end is None  # still streaming: the last test stops the server under it
 
 
+def test_the_front_takes_client_ids_and_refuses_hostile_input_as_a_worker_does(front):
+    sid = "front-chosen-0123456789"
+    made = front.http.put(f"/v1/sessions/{sid}", json={"frames": 2, "mode": "fast"})
+    assert made.status_code == 201 and made.json()["id"] == sid
+    assert front.http.get(f"/v1/sessions/{sid}").headers[WORKER] == made.headers[WORKER]
+    assert front.http.put(f"/v1/sessions/{sid}", json={}).status_code == 409
+    assert front.http.put("/v1/sessions/bad.id", json={}).json()["field"] == "id"
+    deep = front.http.post("/v1/sessions", content=b"[" * 60_000,
+                           headers={"content-type": "application/json"})
+    assert deep.status_code == 422 and deep.json()["error"].startswith("body: JSON nested")
+    assert front.http.get("/v1/sessions", headers={"host": "evil.example"}).status_code == 421
+    assert front.http.post("/v1/sessions", json={},
+                           headers={"origin": "http://evil.example"}).status_code == 403
+    assert front.http.delete(f"/v1/sessions/{sid}").status_code == 200
+
+
 def test_sigterm_of_the_front_closes_every_session_and_exits_0(front):
     session_id, _ = front.create(frames=None, mode="paced", fps=16)
     reader = Reader(front, session_id)
