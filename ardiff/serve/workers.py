@@ -51,6 +51,8 @@ START_TIMEOUT_S = 600.0  # a worker that is not serving this long after its star
 STOP_MARGIN_S = 10.0     # a worker asked to stop that has not serve.stop_timeout_s + this
                          # later is killed
 RESTART_BACKOFF_S = (1.0, 30.0)  # a worker that dies while it loads: first and longest wait
+BEAT_S = 0.5             # a worker tells the front it is alive this often
+HUNG_AFTER_S = 3.0       # a ready worker silent this long (SIGSTOPped, hung) is killed
 MAX_LOST = 10_000        # records of sessions lost with a worker, kept for their clients
 PRELOAD = ["torch", "ardiff.serve.app", "ardiff.serve.workers"]  # the forkserver imports them
 WORKER_HEADER = "x-ardiff-worker"  # every worker response names its worker
@@ -96,6 +98,8 @@ class WorkerSlot:
     backoff_s: float = RESTART_BACKOFF_S[0]
     output_dir: Path | None = None
     final: dict[str, Any] | None = None  # its stats, sent when it stopped
+    beat_s: float = 0.0       # when it last said anything (its beats: every BEAT_S)
+    hung: bool = False        # killed for its silence
 
     @property
     def url(self) -> str:
@@ -195,7 +199,7 @@ class WorkerPool:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         child_end.close()
         slot.proc, slot.conn, slot.pid = proc, parent_end, proc.pid
-        slot.state, slot.port, slot.final = "starting", None, None
+        slot.state, slot.port, slot.final, slot.hung = "starting", None, None, False
         slot.started_s = time.monotonic()
 
     def _worker_config(self, slot: WorkerSlot, output_dir: Path) -> RunConfig:
@@ -296,17 +300,22 @@ class WorkerPool:
         if proc.is_alive():
             if slot.state == "starting" and now - slot.started_s > START_TIMEOUT_S:
                 _end(proc)  # stuck while it loads: its death below restarts it
+            elif slot.state == "ready" and now - slot.beat_s > HUNG_AFTER_S:
+                slot.hung = True  # stopped or hung: its callers would wait for ever
+                proc.kill()       # SIGKILL ends a stopped process too; its death restarts it
             return
         self._read(slot)
         if self._stopping:
             return
-        self._died(slot, _ended(proc))
+        self._died(slot, f"did not answer for {HUNG_AFTER_S:g} s (stopped or hung); killed"
+                   if slot.hung else _ended(proc))
 
     def _read(self, slot: WorkerSlot, starting: bool = False) -> None:
         conn = slot.conn
         try:
             while conn is not None and not conn.closed and conn.poll():
                 kind, payload = conn.recv()
+                slot.beat_s = time.monotonic()
                 if kind == "ready":
                     with self._lock:
                         slot.port, slot.capacity = payload["port"], payload["capacity"]
@@ -525,6 +534,7 @@ def worker_main(job: WorkerJob, conn: Connection) -> None:
     threading.Thread(target=_follow_front, args=(conn, server, manager), daemon=True).start()
     _send(conn, "ready", {"port": listener.getsockname()[1], "pid": os.getpid(),
                           "capacity": manager.capacity})
+    threading.Thread(target=_beat, args=(conn,), daemon=True, name="ardiff-serve-beat").start()
     try:
         server.run(sockets=[listener])
     finally:
@@ -542,11 +552,23 @@ def worker_main(job: WorkerJob, conn: Connection) -> None:
         listener.close()
 
 
-def _send(conn: Connection, kind: str, payload: dict[str, Any]) -> None:
+_SEND_LOCK = threading.Lock()  # a worker's beats and its other messages share one pipe
+
+
+def _send(conn: Connection, kind: str, payload: dict[str, Any]) -> bool:
     try:
-        conn.send((kind, payload))
+        with _SEND_LOCK:
+            conn.send((kind, payload))
     except (OSError, ValueError):
-        pass  # the front is gone: nobody to tell
+        return False  # the front is gone: nobody to tell
+    return True
+
+
+def _beat(conn: Connection) -> None:
+    """Tell the front this worker is alive, every BEAT_S, until the pipe closes (a worker
+    that is stopped or hung falls silent: the front kills it)."""
+    while _send(conn, "beat", {}):
+        time.sleep(BEAT_S)
 
 
 def _follow_front(conn: Connection, server: Any, manager: Any) -> None:

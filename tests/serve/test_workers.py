@@ -12,6 +12,7 @@ import pytest
 for _name in ("fastapi", "uvicorn", "prometheus_client", "httpx", "websockets"):
     pytest.importorskip(_name)  # the serve extra: a core install skips these tests
 
+import contextlib
 import json
 import os
 import re
@@ -199,6 +200,34 @@ def test_a_sigkilled_worker_fails_only_its_sessions_and_comes_back(front):
         assert front.http.delete(f"/v1/sessions/{session_id}").status_code == 200
     assert front.http.get(f"/v1/sessions/{doomed}").status_code == 404
     assert going.end is None  # still streaming: the last test stops the server under it
+
+
+def test_a_stopped_worker_is_found_in_seconds_and_only_its_sessions_are_lost(front):
+    made = [front.create(frames=None, mode="paced", fps=4) for _ in range(2)]
+    if made[0][1] == made[1][1]:  # that worker is full now: the next goes to the other
+        made.append(front.create(frames=None, mode="paced", fps=4))
+    (doomed, worker), (kept, _other) = made[0], made[-1]
+    assert worker != _other
+    pid = front.workers()[int(worker)]["pid"]
+    os.kill(pid, signal.SIGSTOP)  # alive, but it answers nothing
+    try:
+        deadline = time.monotonic() + 60
+        while front.http.get(f"/v1/sessions/{doomed}").json()["status"] != "failed":
+            asked = time.monotonic()
+            assert front.http.get(f"/v1/sessions/{kept}").json()["status"] == "active"
+            assert time.monotonic() - asked < 3  # the other worker's calls stay fast
+            assert time.monotonic() < deadline, "the stopped worker was never found"
+            time.sleep(0.2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    error = front.http.get(f"/v1/sessions/{doomed}").json()["error"]
+    assert error.startswith(f"worker {worker} died (did not answer for 3 s (stopped or hung); "
+                            f"killed)"), error
+    front.wait_for_line(f"worker {worker}: did not answer for 3 s")
+    front.wait_for_line(f"worker {worker}: serving again", 120)
+    for session_id, _worker in made:
+        assert front.http.delete(f"/v1/sessions/{session_id}").status_code == 200
 
 
 def test_the_front_takes_client_ids_and_refuses_hostile_input_as_a_worker_does(front):
