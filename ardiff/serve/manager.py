@@ -28,7 +28,7 @@ from ardiff.contract.inputs import get_pipeline_inputs
 from ardiff.engine.batching import supports_batches
 from ardiff.engine.build import build_runner, resolve
 from ardiff.engine.runner import Runner
-from ardiff.errors import ArdiffError, ConfigError
+from ardiff.errors import ConfigError
 from ardiff.rollout.inputs import pipeline_actions, read_actions
 from ardiff.rollout.job import needs_processes
 from ardiff.rollout.streams import latent_frame_map, plan_rollout, video_frames_per_block
@@ -43,31 +43,17 @@ from ardiff.serve.options import (
 )
 from ardiff.serve.recording import Recording
 from ardiff.serve.scheduler import BlockScheduler, ServeStats
-from ardiff.serve.session import ServeSession, State
+from ardiff.serve.session import (
+    ServeSession,
+    SessionBusy,
+    SessionExists,
+    SessionRefused,
+    State,
+    UnknownSession,
+)
 from ardiff.text import text_problem
 
 ON_SWITCH = ("keep", "clear-cross", "reset", "recache")
-
-
-class SessionRefused(ArdiffError):
-    """No session slot or KV room is free (or the server is stopping): try again later."""
-
-    def __init__(self, message: str, retry_after_s: int) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class UnknownSession(ArdiffError):
-    """No live session has this id."""
-
-
-class SessionBusy(ArdiffError):
-    """Another client streams this session."""
-
-
-class SessionExists(ArdiffError):
-    """A session with the id a client chose exists already."""
-
 
 
 class SessionManager(BlockScheduler):

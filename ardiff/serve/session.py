@@ -19,11 +19,33 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from ardiff.errors import ArdiffError
 from ardiff.rollout.report import percentile
 from ardiff.serve.blocks import BlockWalker
 from ardiff.serve.frames import FrameQueue
 from ardiff.serve.options import SessionOptions
 from ardiff.serve.recording import Recording
+
+
+class SessionRefused(ArdiffError):
+    """No session slot or KV room is free (or the server is stopping): try again later."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class UnknownSession(ArdiffError):
+    """No live session has this id."""
+
+
+class SessionBusy(ArdiffError):
+    """Another client streams this session."""
+
+
+class SessionExists(ArdiffError):
+    """A session with the id a client chose exists already."""
+
 
 LATENCY_WINDOW_BLOCKS = 1024  # the latency percentiles a session reports: its recent blocks
 TIMING_WINDOW_BLOCKS = 64     # the per-block timings a session reports: its most recent

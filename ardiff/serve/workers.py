@@ -21,13 +21,11 @@ decides.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import os
 import secrets
 import signal
-import socket
 import tempfile
 import threading
 import time
@@ -35,15 +33,16 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from types import FrameType
 from typing import Any, Callable
 
 from ardiff.config.run import RunConfig, with_base_dir
 from ardiff.distributed.topology import check_devices, rank_budget, rank_device, rank_threads
 from ardiff.engine.device import resolve_device
-from ardiff.errors import EXIT_FAILED, ArdiffError, CapacityError, ConfigError, RunError
+from ardiff.errors import ArdiffError, CapacityError, ConfigError, RunError
 from ardiff.launch.parent import host_cores
 from ardiff.serve.folder import TEMP_PREFIX, sweep, sweep_temp
+from ardiff.serve.routing import RouteTable
+from ardiff.serve.worker import BLOCKED_AT_START, WorkerJob, worker_main
 
 POLL_S = 0.25            # how often the monitor looks at its workers
 SWEEP_S = 2.0            # how often it forgets routes of sessions a worker no longer has
@@ -51,30 +50,9 @@ START_TIMEOUT_S = 600.0  # a worker that is not serving this long after its star
 STOP_MARGIN_S = 10.0     # a worker asked to stop that has not serve.stop_timeout_s + this
                          # later is killed
 RESTART_BACKOFF_S = (1.0, 30.0)  # a worker that dies while it loads: first and longest wait
-BEAT_S = 0.5             # a worker tells the front it is alive this often
 HUNG_AFTER_S = 3.0       # a ready worker silent this long (SIGSTOPped, hung) is killed
-MAX_LOST = 10_000        # records of sessions lost with a worker, kept for their clients
-PRELOAD = ["torch", "ardiff.serve.app", "ardiff.serve.workers"]  # the forkserver imports them
+PRELOAD = ["torch", "ardiff.serve.app", "ardiff.serve.worker"]  # the forkserver imports them
 WORKER_HEADER = "x-ardiff-worker"  # every worker response names its worker
-BLOCKED_AT_START = {signal.SIGINT, signal.SIGHUP, signal.SIGTERM}
-
-
-@dataclass(frozen=True)
-class WorkerJob:
-    """What the front hands a worker process (picklable)."""
-
-    config: RunConfig   # this worker's: its device, memory share and output folder
-    index: int
-    secret: str         # the worker app's token; only the front has it
-    threads: int
-    max_message_bytes: int
-
-
-@dataclass
-class Route:
-    worker: int
-    generation: int
-    added_s: float
 
 
 @dataclass
@@ -131,8 +109,7 @@ class WorkerPool:
         self.output_root, self.owns_output_root = output_root(config)  # each worker: its own
                                                                           # RunFolder inside
         self.slots = [WorkerSlot(i, rank_device(device, i)) for i in range(self.size)]
-        self.routes: dict[str, Route] = {}
-        self.lost: collections.OrderedDict[str, tuple[int, str]] = collections.OrderedDict()
+        self.table = RouteTable()  # guarded by self._lock
         self.placing = [0] * self.size  # session creations in flight, per worker
         self.created = 0
         self.accepting = True
@@ -222,7 +199,7 @@ class WorkerPool:
     def route(self, session_id: str) -> WorkerSlot | None:
         """The worker that holds the session (None: not a live session of any worker)."""
         with self._lock:
-            route = self.routes.get(session_id)
+            route = self.table.get(session_id)
             if route is None:
                 return None
             slot = self.slots[route.worker]
@@ -232,33 +209,30 @@ class WorkerPool:
         with self._lock:
             self.created += 1
             if slot.generation == generation and slot.state == "ready":
-                self.routes[session_id] = Route(slot.index, generation, time.monotonic())
+                self.table.add(session_id, slot.index, generation)
             else:  # it died between its answer and now
-                self._remember_lost(session_id, slot.index, slot.error or "its worker stopped")
+                self.table.remember_lost(session_id, slot.index,
+                                         slot.error or "its worker stopped")
 
     def forget(self, session_id: str) -> None:
         """The session is closed (or its worker no longer has it)."""
         with self._lock:
-            self.routes.pop(session_id, None)
-            self.lost.pop(session_id, None)
+            self.table.forget(session_id)
 
     def lost_error(self, session_id: str) -> tuple[int, str] | None:
         """(worker, why) of a session that was lost with its worker."""
         with self._lock:
-            return self.lost.get(session_id)
+            return self.table.lost_error(session_id)
 
     def lost_sessions(self) -> list[tuple[str, int, str]]:
         """(id, worker, why) of every session lost with its worker, oldest first."""
         with self._lock:
-            return [(sid, worker, error) for sid, (worker, error) in self.lost.items()]
+            return self.table.lost_sessions()
 
     def routed(self) -> list[int]:
         """Sessions routed to each worker now."""
         with self._lock:
-            counts = [0] * self.size
-            for route in self.routes.values():
-                counts[route.worker] += 1
-            return counts
+            return self.table.counts(self.size)
 
     def begin_shutdown(self) -> None:
         """Take no new session from now on (503); the running ones go on."""
@@ -343,11 +317,7 @@ class WorkerPool:
                  f"new one" if was == "ready" else
                  f"worker {slot.index} failed while it loaded ({slot.error or how})")
         with self._lock:
-            lost = [sid for sid, route in self.routes.items() if route.worker == slot.index]
-            for sid in lost:
-                del self.routes[sid]
-                if not clean:
-                    self._remember_lost(sid, slot.index, error)
+            lost = self.table.fail_worker(slot.index, None if clean else error)
             slot.lost += 0 if clean else len(lost)
             slot.state, slot.port, slot.error = "restarting", None, error
             wait_s = 0.0 if was == "ready" and not clean else slot.backoff_s
@@ -363,11 +333,6 @@ class WorkerPool:
             f"; it closed its {len(lost)} session(s)" if clean else
             f"; {len(lost)} session(s) failed" if was == "ready" else f"; {slot.error}"))
 
-    def _remember_lost(self, session_id: str, worker: int, error: str) -> None:
-        self.lost[session_id] = (worker, error)
-        while len(self.lost) > MAX_LOST:
-            self.lost.popitem(last=False)
-
     def _sweep(self) -> None:
         """Forget the routes of sessions their worker no longer has (closed when idle or
         done and deleted), so the table does not grow over a long run."""
@@ -382,10 +347,7 @@ class WorkerPool:
             except Exception:  # noqa: BLE001 - a worker that does not answer: next time
                 continue
             with self._lock:
-                for sid, route in list(self.routes.items()):
-                    if (route.worker == slot.index and route.generation == generation
-                            and route.added_s < asked_s and sid not in ids):
-                        del self.routes[sid]
+                self.table.drop_missing(slot.index, generation, asked_s, ids)
 
     @property
     def auth_headers(self) -> dict[str, str]:
@@ -502,100 +464,3 @@ def _end(proc: BaseProcess) -> None:
     if proc.is_alive():
         proc.kill()
         proc.join()
-
-
-# -- the worker process ------------------------------------------------------------------
-def worker_main(job: WorkerJob, conn: Connection) -> None:
-    """A worker process: load, serve the app on a private loopback port until the front
-    says stop (or is gone, or SIGTERM), close every session, send the stats, exit."""
-    for signum in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, BLOCKED_AT_START)
-    try:
-        import torch
-
-        torch.set_num_threads(job.threads)
-        from ardiff.serve.app import create_app
-        from ardiff.serve.http import Guard
-        from ardiff.serve.manager import SessionManager
-
-        manager = SessionManager.build(job.config)
-    except BaseException as exc:  # noqa: BLE001 - the front decides what a failed load means
-        code = exc.exit_code if isinstance(exc, ArdiffError) else EXIT_FAILED
-        line = str(exc) if isinstance(exc, ArdiffError) else f"{type(exc).__name__}: {exc}"
-        _send(conn, "error", {"error": line, "exit_code": code})
-        return
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(128)
-    app = create_app(manager, Guard(token=job.secret), worker=job.index)
-    server = _worker_server(app, manager, job.max_message_bytes,
-                            job.config.serve.stop_timeout_s)
-    threading.Thread(target=_follow_front, args=(conn, server, manager), daemon=True).start()
-    _send(conn, "ready", {"port": listener.getsockname()[1], "pid": os.getpid(),
-                          "capacity": manager.capacity})
-    threading.Thread(target=_beat, args=(conn,), daemon=True, name="ardiff-serve-beat").start()
-    try:
-        server.run(sockets=[listener])
-    finally:
-        manager.shutdown()
-        in_use, total = manager.kv_pages()
-        error: Any = manager.scheduler_error
-        if manager.abandoned:
-            error = ("a forward still ran serve.stop_timeout_s after the stop; its sessions "
-                     "failed")
-        _send(conn, "stopped", {
-            "closed": manager.stats.closed, "failed": manager.stats.failed,
-            "kv_pages_in_use": in_use, "kv_pages_total": total,
-            "scheduler_error": None if error is None else error if isinstance(error, str) else
-            f"{type(error).__name__}: {error}"})
-        listener.close()
-
-
-_SEND_LOCK = threading.Lock()  # a worker's beats and its other messages share one pipe
-
-
-def _send(conn: Connection, kind: str, payload: dict[str, Any]) -> bool:
-    try:
-        with _SEND_LOCK:
-            conn.send((kind, payload))
-    except (OSError, ValueError):
-        return False  # the front is gone: nobody to tell
-    return True
-
-
-def _beat(conn: Connection) -> None:
-    """Tell the front this worker is alive, every BEAT_S, until the pipe closes (a worker
-    that is stopped or hung falls silent: the front kills it)."""
-    while _send(conn, "beat", {}):
-        time.sleep(BEAT_S)
-
-
-def _follow_front(conn: Connection, server: Any, manager: Any) -> None:
-    """The front's "stop", or its end (a front killed outright): stop serving."""
-    try:
-        conn.recv()
-    except (EOFError, OSError):
-        pass
-    manager.begin_shutdown()
-    server.should_exit = True
-
-
-def _worker_server(app: Any, manager: Any, max_message_bytes: int,
-                   stop_timeout_s: float) -> Any:
-    import uvicorn
-
-    class WorkerServer(uvicorn.Server):
-        """SIGTERM: stop taking sessions, then uvicorn's graceful stop; SIGINT is the
-        front's to decide (ignored); neither is raised again once stopped (exit 0)."""
-
-        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            if sig == signal.SIGINT:
-                return
-            manager.begin_shutdown()
-            self.should_exit = True
-
-    return WorkerServer(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                       ws_max_size=max_message_bytes,
-                                       timeout_graceful_shutdown=int(stop_timeout_s) + 5))
-
