@@ -160,6 +160,10 @@ class Runner:
         except Exception as exc:  # noqa: BLE001 - the forward committed: every row failed
             return [exc] * len(requests)
 
+    def session_pages(self, session_id: str) -> int:
+        """KV pages the session holds now (0: not resident, or a cache without pages)."""
+        return self.cache.session_pages(session_id)
+
     def _alone(self, request: RolloutRequest) -> BlockResult | Exception:
         try:
             return self.execute(request)

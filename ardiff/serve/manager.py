@@ -186,7 +186,7 @@ class SessionManager(BlockScheduler):
     def describe(self, public_id: str) -> dict[str, Any]:
         with self._cond:
             session = self.get(public_id)
-            return session.describe(self._session_pages(session.session_id))
+            return session.describe(session.kv_pages)
 
     def steer(self, public_id: str, action: Any) -> tuple[str, ...]:
         """The session's next block takes `action` (one action, or one per frame)."""
@@ -347,14 +347,6 @@ class SessionManager(BlockScheduler):
         with self._cond:
             recent = [t for t in self.stats.block_times_s if now - t <= window_s]
         return len(recent) / window_s
-
-    def _session_pages(self, session_id: str) -> int:
-        """KV pages the session holds now (0 for a cache without page tables)."""
-        kv = getattr(self.runner.cache, "_sessions", {}).get(session_id)
-        if kv is None:
-            return 0
-        return sum(getattr(getattr(branch, "table", None), "num_pages", 0)
-                   for branch in kv.branches.values())
 
     @property
     def idle_action(self) -> str | None:

@@ -155,6 +155,7 @@ class BlockScheduler:
     def _deliver(self, session: ServeSession, request: Any, result: BlockResult,
                  started_s: float, rows: int) -> None:
         latency = result.latency_s
+        pages = self.runner.session_pages(session.session_id)  # this thread alone asks
         wanted = session.walker.frames - session.frames_made
         frames = result.output.frames[:max(0, wanted)].detach().to("cpu").numpy()
         if frames.shape[0]:
@@ -169,6 +170,7 @@ class BlockScheduler:
             session.last_run_s = time.monotonic()
             session.add_timing(request.block_index, started_s, session.last_run_s, latency,
                                rows, result.output.extra.get("stage_times_s"))
+            session.kv_pages = pages
             if session.options.mode == "paced":
                 period = frames.shape[0] / session.options.fps
                 session.next_tick_s = max(session.next_tick_s + period, started_s)
@@ -215,6 +217,7 @@ class BlockScheduler:
         session.queue.wake()
 
     def _release(self, session: ServeSession) -> None:
+        session.kv_pages = 0
         if session.session_id in self.runner.sessions:
             try:
                 self.runner.close_session(session.session_id)

@@ -84,6 +84,7 @@ class ServeSession:
     blocks: int = 0
     close_requested: bool = False
     roll_requested: bool = False
+    kv_pages: int = 0           # the runner's count after its last block (the scheduler's)
     latencies_s: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW_BLOCKS))
     timings: deque[dict[str, Any]] = field(
         default_factory=lambda: deque(maxlen=TIMING_WINDOW_BLOCKS))

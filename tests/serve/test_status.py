@@ -73,3 +73,12 @@ def test_metrics_count_normal_ends_and_the_queue_gauge_drops(local_app, wait_unt
     assert server.http.get(f"/v1/sessions/{session}").json()["queued_frames"] == 2
     assert _metric(server, "ardiff_serve_queue_frames") == 0  # ended, nobody streams it
     server.http.delete(f"/v1/sessions/{session}")
+
+
+def test_a_live_session_reports_the_pages_it_holds_and_none_once_done(local_app, wait_until):
+    server = local_app
+    session = server.create(frames=None, mode="paced", fps=4)
+    wait_until(lambda: server.http.get(f"/v1/sessions/{session}").json()["blocks"] >= 1, 60,
+               "a block")
+    assert server.http.get(f"/v1/sessions/{session}").json()["kv_pages"] > 0
+    server.http.delete(f"/v1/sessions/{session}")
