@@ -116,3 +116,47 @@ def test_a_killed_server_s_folder_is_swept_by_the_next_one(serve_app, tmp_path):
     serve_app()
     assert not dead.exists() and live.exists()
     assert _files(folder) == USERS
+
+
+@pytest.mark.heavy
+def test_a_sigkilled_server_s_files_are_swept_by_the_next_start(tmp_path):
+    import re
+    import signal
+    import time
+    from pathlib import Path
+
+    import httpx
+
+    ardiff = str(Path(sys.executable).parent / "ardiff")
+    folder = tmp_path / "videos"
+    _fill(folder)
+
+    def start() -> tuple[subprocess.Popen, str]:
+        server = subprocess.Popen([ardiff, "serve", "--port", "0", "--set", "warmup.enabled=false",
+                                   "--set", f"serve.output_dir={folder}"],
+                                  cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+        line = server.stderr.readline()
+        return server, "http://127.0.0.1:" + re.search(r":(\d+) \(", line).group(1)
+
+    server, url = start()
+    try:
+        session = httpx.post(f"{url}/v1/sessions", json={"frames": None, "mode": "paced",
+                                                          "fps": 8}).json()["id"]
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{url}/v1/sessions/{session}").json()["frames"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        left = [p for p in folder.iterdir() if p.name.startswith(".ardiff-serve-")]
+        assert len(left) == 1  # its own folder (its segments go there)
+        server.send_signal(signal.SIGKILL)
+        server.wait(30)
+        assert left[0].exists()  # killed outright: nothing could clean up
+        again, _url = start()  # the next server on the same folder sweeps it
+        again.send_signal(signal.SIGTERM)
+        assert again.wait(60) == 0
+        assert not left[0].exists() and _files(folder) == USERS
+        assert sorted(p.name for p in folder.iterdir()) == sorted(USERS)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
