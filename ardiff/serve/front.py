@@ -172,15 +172,11 @@ async def _place(client: httpx.AsyncClient, pool: WorkerPool, body: bytes,
     if not pool.accepting:
         return JSONResponse({"error": "the server is shutting down; it takes no new "
                                       "sessions"}, 503, retry)
-    listings = await asyncio.gather(*(_listing(client, slot) for slot in pool.ready()))
     candidates = []
-    for slot, listing in listings:
-        if listing is None:
-            continue
-        live = sum(s["status"] in ("active", "paused") for s in listing["sessions"])
-        free = listing["capacity"] - live - pool.placing[slot.index]
-        pages_total = listing.get("kv_pages_total") or 0
-        pages_free = pages_total - (listing.get("kv_pages_in_use") or 0)
+    for slot, load in pool.loads():  # what each worker last told (its beats): no HTTP call
+        free = load["capacity"] - load["sessions"] - pool.placing[slot.index]
+        pages_total = load.get("kv_pages_total") or 0
+        pages_free = pages_total - (load.get("kv_pages_in_use") or 0)
         candidates.append((-free, -(pages_free / pages_total if pages_total else 0.0),
                            slot.index, slot, slot.generation))
     last: httpx.Response | None = None
@@ -199,7 +195,7 @@ async def _place(client: httpx.AsyncClient, pool: WorkerPool, body: bytes,
         finally:
             pool.placing[slot.index] -= 1
         if response.status_code == 201:
-            pool.add_route(response.json()["id"], slot, generation)
+            pool.add_route(response.json()["id"], slot, generation)  # counts it till a beat
             return _passed(response)
         if response.status_code != 503:
             return _passed(response)  # 422, 413: the body's fault, the same on every worker

@@ -330,6 +330,18 @@ class SessionManager(BlockScheduler):
         stats = self.runner.cache.stats()
         return stats.pages_in_use, stats.pages_total
 
+    def load(self) -> dict[str, Any]:
+        """What a worker of `--workers N` tells its front with each beat: sessions holding
+        a slot, the capacity, KV pages in use and in all (None: a cache without pages)."""
+        with self._cond:
+            sessions = self.live_sessions
+        try:
+            in_use, total = self.kv_pages()
+        except Exception:  # noqa: BLE001 - read while a block runs: the count still goes
+            in_use = total = None
+        return {"sessions": sessions, "capacity": self.capacity,
+                "kv_pages_in_use": in_use, "kv_pages_total": total}
+
     def queued_frames(self) -> int:
         """Frames waiting for a client: of live sessions, and of ended ones still streamed
         (an ended session nobody streams counts no more, though its record stays)."""

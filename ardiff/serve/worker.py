@@ -70,7 +70,8 @@ def worker_main(job: WorkerJob, conn: Connection) -> None:
     threading.Thread(target=_follow_front, args=(conn, server, manager), daemon=True).start()
     _send(conn, "ready", {"port": listener.getsockname()[1], "pid": os.getpid(),
                           "capacity": manager.capacity})
-    threading.Thread(target=_beat, args=(conn,), daemon=True, name="ardiff-serve-beat").start()
+    threading.Thread(target=_beat, args=(conn, manager), daemon=True,
+                     name="ardiff-serve-beat").start()
     try:
         server.run(sockets=[listener])
     finally:
@@ -100,10 +101,11 @@ def _send(conn: Connection, kind: str, payload: dict[str, Any]) -> bool:
     return True
 
 
-def _beat(conn: Connection) -> None:
-    """Tell the front this worker is alive, every BEAT_S, until the pipe closes (a worker
-    that is stopped or hung falls silent: the front kills it)."""
-    while _send(conn, "beat", {}):
+def _beat(conn: Connection, manager: Any) -> None:
+    """Tell the front this worker is alive and its load (sessions holding a slot, capacity,
+    KV pages), every BEAT_S, until the pipe closes: the front places sessions with it (no
+    call to every worker per create), and kills a worker that falls silent."""
+    while _send(conn, "beat", manager.load()):
         time.sleep(BEAT_S)
 
 

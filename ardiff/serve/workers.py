@@ -77,6 +77,7 @@ class WorkerSlot:
     output_dir: Path | None = None
     final: dict[str, Any] | None = None  # its stats, sent when it stopped
     beat_s: float = 0.0       # when it last said anything (its beats: every BEAT_S)
+    load: dict[str, Any] | None = None  # its last beat: sessions, capacity, KV pages
     hung: bool = False        # killed for its silence
 
     @property
@@ -177,6 +178,7 @@ class WorkerPool:
         child_end.close()
         slot.proc, slot.conn, slot.pid = proc, parent_end, proc.pid
         slot.state, slot.port, slot.final, slot.hung = "starting", None, None, False
+        slot.load = None
         slot.started_s = time.monotonic()
 
     def _worker_config(self, slot: WorkerSlot, output_dir: Path) -> RunConfig:
@@ -196,6 +198,13 @@ class WorkerPool:
         with self._lock:
             return [slot for slot in self.slots if slot.state == "ready"]
 
+    def loads(self) -> list[tuple[WorkerSlot, dict[str, Any]]]:
+        """Each serving worker with its last told load ({sessions, capacity,
+        kv_pages_in_use, kv_pages_total}), pushed with its beats."""
+        with self._lock:
+            return [(slot, slot.load) for slot in self.slots
+                    if slot.state == "ready" and slot.load is not None]
+
     def route(self, session_id: str) -> WorkerSlot | None:
         """The worker that holds the session (None: not a live session of any worker)."""
         with self._lock:
@@ -210,6 +219,8 @@ class WorkerPool:
             self.created += 1
             if slot.generation == generation and slot.state == "ready":
                 self.table.add(session_id, slot.index, generation)
+                if slot.load is not None:  # counted until its next beat says so itself
+                    slot.load = {**slot.load, "sessions": slot.load["sessions"] + 1}
             else:  # it died between its answer and now
                 self.table.remember_lost(session_id, slot.index,
                                          slot.error or "its worker stopped")
@@ -290,9 +301,13 @@ class WorkerPool:
             while conn is not None and not conn.closed and conn.poll():
                 kind, payload = conn.recv()
                 slot.beat_s = time.monotonic()
-                if kind == "ready":
+                if kind == "beat":
+                    with self._lock:
+                        slot.load = payload
+                elif kind == "ready":
                     with self._lock:
                         slot.port, slot.capacity = payload["port"], payload["capacity"]
+                        slot.load = {"sessions": 0, "capacity": slot.capacity}  # new: empty
                         slot.state, slot.backoff_s = "ready", RESTART_BACKOFF_S[0]
                     if slot.restarts:
                         self.on_event(f"worker {slot.index}: serving again (pid {slot.pid})")
