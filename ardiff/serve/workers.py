@@ -391,12 +391,26 @@ class WorkerPool:
         deadline = time.monotonic() + timeout_s
         for slot in self.slots:
             if slot.proc is not None:
-                slot.proc.join(max(0.0, deadline - time.monotonic()))
-                self._read(slot)
+                self._wait_stopped(slot, deadline)
         self._stopped = self._totals()
         self._end_all()
         self._remove_outputs()
         return self._stopped
+
+    def _wait_stopped(self, slot: WorkerSlot, deadline: float) -> None:
+        """Wait for a worker asked to stop, reading its pipe (its beats, its stats); one
+        silent for HUNG_AFTER_S (stopped, hung) is killed at once, not waited for."""
+        proc = slot.proc
+        assert proc is not None
+        slot.beat_s = max(slot.beat_s, time.monotonic())  # from the "stop" on
+        while proc.is_alive() and time.monotonic() < deadline:
+            proc.join(POLL_S)
+            self._read(slot)
+            if proc.is_alive() and time.monotonic() - slot.beat_s > HUNG_AFTER_S:
+                slot.error = f"did not answer for {HUNG_AFTER_S:g} s at the stop; killed"
+                proc.kill()
+                proc.join(5.0)
+        self._read(slot)
 
     def _remove_outputs(self) -> None:
         """What workers that did not stop left (their work folders), and a temporary root

@@ -292,3 +292,24 @@ def test_a_signal_to_the_whole_process_group_stops_it_cleanly(tmp_path, signum):
         if front.proc.poll() is None:
             os.killpg(front.proc.pid, signal.SIGKILL)
             front.proc.wait()
+
+
+def test_sigterm_with_a_stopped_worker_ends_in_seconds(tmp_path):
+    """A worker that is SIGSTOPped when the front is told to stop is killed once it has been
+    silent HUNG_AFTER_S, not waited for: the front ends in seconds, exit 1 naming it."""
+    front = Front(tmp_path)
+    try:
+        _session, worker = front.create(frames=None, mode="paced", fps=4)
+        pid = front.workers()[int(worker)]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        front.proc.send_signal(signal.SIGTERM)
+        assert front.proc.wait(60) == 1
+        assert time.monotonic() - started < 30  # stop_timeout_s (30) + 10 without the beats
+        front.reader.join(10)
+        assert f"error: worker {worker}: did not stop" in "".join(front.lines)
+        assert not Path(f"/proc/{pid}").exists()
+    finally:
+        if front.proc.poll() is None:
+            front.proc.kill()
+            front.proc.wait()
