@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from websockets.exceptions import InvalidStatus
+from extras import require_extra
 
-pytestmark = pytest.mark.extra("serve")
+require_extra("serve")
+
+from websockets.exceptions import InvalidStatus  # noqa: E402
 
 EVIL = "http://evil.example"
 DEEP = b"[" * 60_000  # under the body limit below; json.loads would recurse past Python's

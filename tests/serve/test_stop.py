@@ -12,10 +12,13 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
+from extras import require_extra
 
-pytestmark = pytest.mark.extra("serve")
+require_extra("serve")
+
+import httpx  # noqa: E402
+
 FAULTS = Path(__file__).resolve().parents[1] / "support" / "fault_pipelines.py"
 ARDIFF = str(Path(sys.executable).parent / "ardiff")
 STUCK = {"pipeline.entry": f"{FAULTS}:FaultPipeline",
