@@ -10,9 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import extras
+import pytest
 
 ROOT = Path(__file__).parent.parent
 REASON = re.compile(r"needs the '(\w+)' extra \(([\w., -]+) missing\): pip install 'ardiff\[\1\]'")
