@@ -10,9 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import extras
+import pytest
 
 ROOT = Path(__file__).parent.parent
 REASON = re.compile(r"needs the '(\w+)' extra \(([\w., -]+) missing\): pip install 'ardiff\[\1\]'")
@@ -49,7 +48,10 @@ def test_every_extra_the_tests_name_is_declared():
 def test_a_test_only_install_skips_only_for_named_extras():
     """The default suite with every package only the extras bring hidden (`--without-extras`):
     it passes, and every skip names an extra or a device, checkout or tool that is missing."""
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "--without-extras",
+    # The pytest script, not `python -m pytest`: that would put the source tree on sys.path
+    # ahead of the installed ardiff.
+    pytest_script = Path(sys.executable).with_name("pytest")
+    run = subprocess.run([str(pytest_script), "-q", "-rs", "--without-extras",
                           "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True,
                          timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]

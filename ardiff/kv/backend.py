@@ -139,6 +139,15 @@ class KVCacheBase(Generic[BranchT]):
     def has_session(self, session_id: str) -> bool:
         return session_id in self._sessions
 
+    def session_pages(self, session_id: str) -> int:
+        """Pages the session's branches hold now (0: not resident, or branches without a
+        page table)."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            return 0
+        return sum(getattr(getattr(branch, "table", None), "num_pages", 0)
+                   for branch in session.branches.values())
+
     def num_committed_frames(self, session_id: str, branch: str) -> int:
         session = self._sessions.get(session_id)
         return 0 if session is None else session.num_committed_frames(branch)

@@ -19,7 +19,8 @@ INTERNAL = re.compile(r"ardiff_cli|ardiff\.[a-z_]+\.|Runner\b|execute_batch|_sig
 TYPER_METAVAR = re.compile(r"<(bool|str|int|float|path)>|\{[A-Za-z]+\}")
 # Options whose absence is a mode of its own (no JSON, no plot, no sweep...), said in their help.
 NO_DEFAULT = {"--json", "--report", "--plot", "--sweep-frames", "--workers", "--batch", "--set",
-              "--token", "--record", "--actions-out", "--timeline"}
+              "--token", "--token-file", "--record", "--actions-out", "--timeline",
+              "--allowed-host", "--allowed-origin"}
 
 
 def render(*args: str) -> str:

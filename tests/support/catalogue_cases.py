@@ -534,8 +534,16 @@ CASES = [
          command="serve", args=("--port", "0"), config={"rollout": {"prompts": ["a", "b"]}}),
     Case("`serve.queue_frames: 0`", 2, r"^serve\.queue_frames: 0 is invalid; it must be > 0$",
          command="serve", args=("--port", "0"), config={"serve": {"queue_frames": 0}}),
-    Case("`serve --token ''`", 2, r"^--token: empty; give a secret, or leave --token out$",
+    Case("`serve --token ''`", 2, r"^--token: empty; give a secret, or no token at all$",
          command="serve", args=("--port", "0", "--token", "")),
+    # -- #36: who may call (before the model loads) ------------------------------------------------
+    Case("`serve --token T --token-file F`", 2, r"^--token-file: given with --token; give the "
+         r"token one way$", command="serve", args=("--port", "0", "--token", "a",
+                                                   "--token-file", "f")),
+    Case("`serve --host 0.0.0.0` without a token", 2, r"^--host: 0\.0\.0\.0 is reachable from "
+         r"other machines and there is no token; give --token-file FILE \(or "
+         r"\$ARDIFF_SERVE_TOKEN\), or --no-token to let anyone who can reach it start sessions$",
+         command="serve", args=("--port", "0", "--host", "0.0.0.0")),
     # -- #27: ardiff serve --workers (refused before any worker starts) ---------------------------
     Case("`serve --workers 2` with CFG-parallel ranks", 2, r"^runtime\.parallel: ardiff serve "
          r"runs data-parallel workers only \(--workers N, one per device\); set "

