@@ -104,6 +104,7 @@ def test_an_action_log_for_a_fifo_reaches_its_reader(quick_fifo, capsys):
                                               f"rollout --seed 5 --frames 4 --actions ")
 
 
+@pytest.mark.extra("plot")
 def test_a_picture_the_disk_cannot_hold_keeps_the_old_file_and_leaves_nothing(tmp_path,
                                                                                monkeypatch):
     (tmp_path / "run.png").write_bytes(b"the last run's picture")
@@ -207,7 +208,8 @@ def test_the_stats_through_a_symlink_to_stdout_reach_it(ardiff_main, tmp_path):
     assert json.loads(got[0])["status"] == "ok"
 
 
-@pytest.mark.parametrize("flag", ["-o", "--json", "--report"])
+@pytest.mark.parametrize("flag", ["-o", "--json",
+                                  pytest.param("--report", marks=pytest.mark.extra("plot"))])
 def test_an_output_that_leads_to_a_socket_is_refused_before_any_work(ardiff_main, tmp_path,
                                                                      flag):
     name = {"-o": "out.npy", "--json": "stats.json", "--report": "run.svg"}[flag]

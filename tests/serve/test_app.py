@@ -17,6 +17,8 @@ import av
 import numpy as np
 from websockets.exceptions import InvalidStatus
 
+from ardiff.config.run import load_config
+
 
 def test_a_session_streams_its_frames_in_order_and_closes(shared_app, frames_of):
     server = shared_app
@@ -25,7 +27,8 @@ def test_a_session_streams_its_frames_in_order_and_closes(shared_app, frames_of)
         headers, pictures, end = frames_of(ws)
     assert [h["frame"] for h in headers] == list(range(6))
     assert [h["block"] for h in headers] == list(range(6))  # one frame per block
-    assert all(h["actions"] == ["left"] for h in headers)   # the config's actions, repeating
+    script = load_config(None).rollout.actions               # the config's actions, repeating
+    assert [h["actions"] for h in headers] == [[script[i % len(script)]] for i in range(6)]
     assert all(p.shape == (32, 32, 3) for p in pictures)
     assert end == {"event": "done", "frames": 6, "error": None}
 
@@ -172,6 +175,7 @@ def test_a_bad_client_message_is_one_line_back_and_changes_nothing(shared_app, f
         ws.send(json.dumps({"action": "up"}))
         ws.send(json.dumps({"pause": False}))
         headers, _, end = frames_of(ws)
-    assert [h["actions"] for h in headers] == [["up"], ["left"]]  # then the config's list
+    script = load_config(None).rollout.actions
+    assert [h["actions"] for h in headers] == [["up"], [script[1 % len(script)]]]  # then the config's
     assert end["event"] == "done"
     server.http.delete(f"/v1/sessions/{session}")

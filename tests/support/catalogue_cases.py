@@ -531,7 +531,8 @@ CASES = [
     # -- #27: ardiff serve (refused before the port is bound or the model loads) ----------------
     Case("`serve` with several prompts (rollout.prompts)", 2, r"^rollout\.prompts: ardiff serve "
          r"runs one prompt per session \(a request's body gives it\); remove rollout\.prompts$",
-         command="serve", args=("--port", "0"), config={"rollout": {"prompts": ["a", "b"]}}),
+         command="serve", args=("--port", "0"), config={"rollout": {"prompts": ["a", "b"]}},
+         extra="serve"),
     Case("`serve.queue_frames: 0`", 2, r"^serve\.queue_frames: 0 is invalid; it must be > 0$",
          command="serve", args=("--port", "0"), config={"serve": {"queue_frames": 0}}),
     Case("`serve --token ''`", 2, r"^--token: empty; give a secret, or no token at all$",
@@ -548,5 +549,6 @@ CASES = [
     Case("`serve --workers 2` with CFG-parallel ranks", 2, r"^runtime\.parallel: ardiff serve "
          r"runs data-parallel workers only \(--workers N, one per device\); set "
          r"runtime\.parallel\.cfg: 1 and launcher: spawn$", command="serve",
-         args=("--port", "0", "--workers", "2"), config={"runtime": {"parallel": {"cfg": 2}}}),
+         args=("--port", "0", "--workers", "2"), config={"runtime": {"parallel": {"cfg": 2}}},
+         extra="serve"),
 ]
