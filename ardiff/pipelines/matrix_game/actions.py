@@ -36,6 +36,15 @@ class ActionSpace:
     mouse: tuple[tuple[str, tuple[float, float]], ...]
     one_hot: bool
     exclusive: tuple[tuple[str, ...], ...] = ()
+    arrows: tuple[str, str, str, str] = ("", "", "", "")  # the keys up / down / left / right
+    # also press (`ardiff play`)
+
+    @property
+    def play_keys(self) -> dict[str, list[str]]:
+        """`ardiff play`'s default keys: each key its own action (and an arrow where set)."""
+        arrows = dict(zip(self.arrows, ("up", "down", "left", "right")))
+        return {key: [key] + ([arrows[key]] if key in arrows else [])
+                for key in self.keys if key != self.idle}
 
     @property
     def has_mouse(self) -> bool:
@@ -83,10 +92,11 @@ SPACES = {space.mode: space for space in (
     ActionSpace("universal", ("w", "s", "a", "d"),
                 (("i", (CAMERA_STEP, 0.0)), ("k", (-CAMERA_STEP, 0.0)),
                  ("j", (0.0, -CAMERA_STEP)), ("l", (0.0, CAMERA_STEP))),
-                one_hot=False, exclusive=(("i", "k"), ("j", "l"))),
+                one_hot=False, exclusive=(("i", "k"), ("j", "l")), arrows=("i", "k", "j", "l")),
     ActionSpace("gta_drive", ("w", "s"),
                 (("a", (0.0, -CAMERA_STEP)), ("d", (0.0, CAMERA_STEP))),
-                one_hot=False, exclusive=(("w", "s"), ("a", "d"))),
+                one_hot=False, exclusive=(("w", "s"), ("a", "d")), arrows=("w", "s", "a", "d")),
     # get_current_action's KEYBOARD_IDX: q (no move) 0, w 1, s 2, z 3, c 4, a 5, d 6
-    ActionSpace("templerun", ("nomove", "w", "s", "z", "c", "a", "d"), (), one_hot=True),
+    ActionSpace("templerun", ("nomove", "w", "s", "z", "c", "a", "d"), (), one_hot=True,
+                arrows=("w", "s", "a", "d")),
 )}

@@ -62,6 +62,7 @@ class MatrixGame(ardiff.ARDiffusionPipelineBase):
     def __init__(self, **args: Any) -> None:
         self.config = build_config(**args)
         self.action_names = self.config.space.names
+        self.play_keys = self.config.space.play_keys  # W A S D, the camera on I J K L / arrows
         self.video_frames_per_latent_frame = self.config.vae.temporal_factor
         self.video_frames_first_latent_frame = 1
         self.transformer: MatrixGameTransformer | None = None

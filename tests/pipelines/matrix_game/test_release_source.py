@@ -17,8 +17,9 @@ answers "cpu" while the action module builds its rotary table; the console / vid
 (`get_current_action`, `input`, `process_video`) are replaced by the test's actions and a
 frame catcher; `wan/__init__.py` and the tokenizer module are not imported (text and the
 14B image-to-video code are not used); torchvision's `Normalize` (the CLIP transform) is
-torch arithmetic; the streaming decoder gets float32 latents (the loop casts them to float16,
-ardiff's `vae_dtype` is float32 here); the released sizes hard-coded for the 1.3B model (30 layers, KV cache
+torch arithmetic; `Tensor.half` is the identity while the loop runs (its one use casts the
+latents for the float16 decoder; ardiff's `vae_dtype` is float32 here: on the tiny random
+VAE float16 latents alone move frames by up to 76 levels); the released sizes hard-coded for the 1.3B model (30 layers, KV cache
 tensors of 12 x 128 and 16 x 64, `MLPProj(1280, ...)`, the VAE's width 96) are the tiny
 model's. The image goes through the released `_resizecrop` + `frame_process` steps.
 """
@@ -191,10 +192,8 @@ def run_released(modules, mg_dir: Path, mode: str, pipeline, image, monkeypatch)
                              if "decoder." in k or "conv2" in k})
     args = SimpleNamespace(denoising_step_list=STEPS[mode], warp_denoising_step=True,
                            num_frame_per_block=3, context_noise=0)
-    decode = decoder.eval().forward  # the loop casts to float16 (`.half()`): float32 here
-    decoder.forward = lambda z, *cache: decode(z.float(), *cache)
     loop = causal.CausalInferenceStreamingPipeline(args, generator=generator,
-                                                   vae_decoder=decoder)
+                                                   vae_decoder=decoder.eval())
     loop.generator.load_state_dict(load_file(str(mg_dir / CHECKPOINTS[mode])))
     config = generator.model.config
     loop.num_transformer_blocks = config.num_layers
@@ -235,6 +234,8 @@ def run_released(modules, mg_dir: Path, mode: str, pipeline, image, monkeypatch)
                               torch.device("cpu"), torch.float32)[0].transpose(0, 1)
                for b in range(BLOCKS) for s in range(1, len(STEPS[mode]))]
     monkeypatch.setattr(torch, "randn_like", lambda like, *a, **k: renoise.pop(0))
+    # the loop's one `.half()` casts the latents for its float16 decoder: float32 here
+    monkeypatch.setattr(torch.Tensor, "half", lambda self, *a, **k: self)
     with torch.no_grad():
         latents = loop.inference(noise, conditional, return_latents=True, output_folder=".",
                                  name="x", mode=mode)
