@@ -23,12 +23,13 @@ def make_pipeline(mg_dir: Path, mode: str = "universal", **args):
 
 
 @contextlib.contextmanager
-def make_runner(pipeline, sessions: int = 4):
+def make_runner(pipeline, batch_rows: int = 1):
     from ardiff.engine.runner import Runner
     from ardiff.kv.backend import create_cache
     from ardiff.kv.plan import make_plan
 
-    plan = make_plan(pipeline.ar_diffusion_kv_cache_spec(), "float32", sessions, 1 << 30)
+    plan = make_plan(pipeline.ar_diffusion_kv_cache_spec(), "float32", 4, 1 << 30,
+                     batch_rows=batch_rows)
     runner = Runner(pipeline, create_cache(plan, "paged", "cpu", poison=True), "cpu")
     with contextlib.closing(runner):
         yield runner
