@@ -12,7 +12,8 @@
 Each config.json is the released `configs/distilled_model/<mode>/config.json` at the tiny
 sizes (or the real ones with `--shape matrix-game-2`); the released `CausalWanModel` loads
 the safetensors. `--configs-only` writes the configs and a VAE file (the spec reads two of
-its shapes), no transformer or CLIP weights. A command: it reads argv, prints and writes.
+its shapes: at the real shape the file holds only those two tensors), no transformer or CLIP
+weights. A command: it reads argv, prints and writes.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ REAL = dict(dim=1536, ffn_dim=8960, freq_dim=256, num_heads=12, num_layers=30,
 TINY = dict(dim=32, ffn_dim=64, freq_dim=32, num_heads=2, num_layers=2,
             action=dict(blocks=[0], heads_num=2, hidden_size=16, img_hidden_size=32,
                         keyboard_hidden_dim=128, mouse_hidden_dim=128))
+# What inspect-spec reads of Wan2.1_VAE.pth (causal-Wan's layouts.wan_vae_widths): a
+# configs-only folder at the real shape holds these two tensors, zeros, of Wan2.1's shapes.
+VAE_SHAPES = {"encoder.conv1.weight": torch.zeros(96, 3, 3, 3, 3),
+              "conv2.weight": torch.zeros(16, 16, 1, 1, 1)}
 CLIP_DIM = 1280  # the released MLPProj(1280, dim): ViT-H's width
 TINY_CLIP = dict(dim=32, patch=14, num_patches=256, layers=2)  # 257 tokens, as ViT-H/14
 
@@ -128,7 +133,10 @@ def write(out: Path, shape: str, num_layers: int | None, seed: int, configs_only
                 if shape == "matrix-game-2":
                     state = {k: v.to(torch.bfloat16) for k, v in state.items()}
                 save_file(state, str(path))
-        torch.save(wan_vae_state(AutoencoderKLWan(**TINY_VAE).state_dict()), out / VAE_FILE)
+        if shape == "matrix-game-2" and configs_only:  # the two tensors the widths come from
+            torch.save(VAE_SHAPES, out / VAE_FILE)
+        else:
+            torch.save(wan_vae_state(AutoencoderKLWan(**TINY_VAE).state_dict()), out / VAE_FILE)
         if not configs_only:
             torch.save(clip_state(), out / CLIP_FILE)
 
