@@ -4,7 +4,9 @@ in the released file layout, from the same image with the same actions and noise
 (window eviction from block 2, 1 for gta_drive), actions changing every block.
 
     latents per block     within 1e-4 relative of `CausalInferenceStreamingPipeline`'s
-    frames                within 1/255 of its VAEDecoderWrapper's
+    frames                within 8/255 of its VAEDecoderWrapper's in float32 (the tiny random
+                          VAE amplifies rounding: measured 5), within 1/255 for the same
+                          latents decoded in float64 (the decode's logic, not its rounding)
     CLIP image tokens     equal (1e-5) to its CLIPModel.encode_video's
     image latents         equal (1e-5) to its WanVAE.encode's (tiled, as the scripts call it)
 
@@ -44,7 +46,7 @@ from tests.support.matrix_game import CHECKPOINTS, make_pipeline, make_runner
 pytestmark = [pytest.mark.heavy, pytest.mark.extra("wan")]
 
 SRC_ENV = "ARDIFF_MATRIX_GAME_SRC"
-TOLERANCE, FRAME_TOLERANCE = 1e-4, 1
+TOLERANCE, FRAME_TOLERANCE, FLOAT32_FRAME_TOLERANCE = 1e-4, 1, 8
 HEIGHT, WIDTH, BLOCKS, SEED = 352, 640, 4, 3
 ACTIONS = {"universal": ["w", "w+l", "a+i", "d+k+j"], "gta_drive": ["w", "w+a", "s+d", "idle"],
            "templerun": ["nomove", "w", "z", "d"]}
@@ -309,5 +311,36 @@ def test_released_streaming_loop_equals_matrix_game(released, mg_dir, image_path
     assert token_error <= 1e-5
     assert latent_error <= 1e-5
     assert max(errors) <= TOLERANCE, errors
-    assert frame_error <= FRAME_TOLERANCE
+    assert frame_error <= FLOAT32_FRAME_TOLERANCE
     assert frames.shape[0] == their_video.shape[0]
+
+
+def test_the_streaming_decode_equals_the_released_decoder(released, mg_dir, capsys):
+    """ardiff's streaming decode (causal-Wan's, diffusers' VAE) and the released
+    VAEDecoderWrapper on the same latents, block by block with their caches, in float64:
+    frames within 1/255 (the released conversion floors, ardiff's rounds)."""
+    import numpy as np
+
+    from ardiff.pipelines.causal_wan.decode import StreamingDecoder
+    from ardiff.pipelines.causal_wan.models import wan_vae
+
+    ours = StreamingDecoder(wan_vae(mg_dir, torch.float64).eval())
+    blocks = released["demo_utils.vae_block3"]
+    theirs = blocks.VAEDecoderWrapper()
+    theirs.decoder = blocks.VAEDecoder3d(dim=2)  # the released width: 96
+    state = torch.load(mg_dir / "Wan2.1_VAE.pth")
+    theirs.load_state_dict({k: v for k, v in state.items() if "decoder." in k or "conv2" in k})
+    theirs = theirs.double().eval()
+    latents = torch.randn(1, 16, 3 * BLOCKS, HEIGHT // 8, WIDTH // 8,
+                          generator=torch.Generator().manual_seed(SEED), dtype=torch.float64)
+    cache, errors = [None] * 32, []
+    with torch.no_grad():
+        for block in range(BLOCKS):
+            z = latents[:, :, 3 * block:3 * block + 3]
+            video, cache = theirs(z.transpose(1, 2), *cache)
+            expected = ((video[0].float() + 1) * 127.5).clip(0, 255).numpy().astype(np.uint8)
+            expected = torch.from_numpy(expected).permute(0, 2, 3, 1)
+            errors.append(int((ours.decode("s", z).int() - expected.int()).abs().max()))
+    with capsys.disabled():
+        print(f"\nstreaming decode vs the released decoder (float64): {errors} levels")
+    assert max(errors) <= FRAME_TOLERANCE
