@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.matrix_game import make_pipeline, make_runner
 
-pytestmark = pytest.mark.extra("wan")
+pytestmark = [pytest.mark.extra("wan"), pytest.mark.heavy]  # 18 blocks: .ci/run's heavy step
 SESSIONS = {"a": (["w", "w+l", "a+i", "idle"], 1), "b": (["d", "s+j", "w"], 2),
             "c": (["i", "w+a"], 3)}
 
