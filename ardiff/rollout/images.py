@@ -41,6 +41,15 @@ def stream_images(config: RunConfig, num_streams: int) -> list[Path | None]:
     return [_resolve(image, config.base_dir) for image in rollout.images]
 
 
+def row_image(config: RunConfig, row: int) -> Path | None:
+    """Session `row`'s first image where sessions are rows (a bench): rollout.image, or
+    rollout.images in turn."""
+    rollout = config.rollout
+    if rollout.images:
+        return _resolve(rollout.images[row % len(rollout.images)], config.base_dir)
+    return None if rollout.image is None else _resolve(rollout.image, config.base_dir)
+
+
 def _resolve(path: str, base_dir: Path) -> Path:
     candidate = Path(path).expanduser()
     return candidate if candidate.is_absolute() else base_dir / candidate
