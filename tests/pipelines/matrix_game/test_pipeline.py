@@ -14,6 +14,7 @@ from tests.support.matrix_game import CHECKPOINTS, SMALL, make_pipeline, make_ru
 
 pytestmark = pytest.mark.extra("wan")
 TINY_CONFIG = Path(__file__).parents[3] / "configs" / "matrix-game-tiny.yaml"
+SPACES_NAMES = ("idle", "w", "w+l", "l")  # what the game below may log
 
 
 @pytest.fixture(scope="module")
@@ -170,3 +171,21 @@ def test_an_image_for_a_pipeline_that_takes_none_is_refused(ardiff_main, tmp_pat
     result = ardiff_main("rollout", "--image", image_path, "-o", out, "--quiet")
     assert result.exit_code == 2, result.output
     assert "takes no image" in result.output and not out.exists()
+
+
+@pytest.mark.heavy  # a game in a pseudo-terminal: the tiny model from an image, keys as chords
+def test_play_steers_it_with_chords_and_logs_a_replay_with_the_image(mg_dir, image_path,
+                                                                      tmp_path):
+    import yaml
+    from pty_driver import Keys, Wait, run_in_pty
+
+    game = run_in_pty(["play", TINY_CONFIG, "--image", image_path, "-o", tmp_path / "g.npy",
+                       "--frames", "45", "--set", f"pipeline.args.model_dir={mg_dir}", "--set",
+                       "warmup.enabled=false"],
+                      [Wait("frame "), Keys(b"w\x1b[C", 2.0), Keys(b"q", 0.5)],
+                      cwd=tmp_path, timeout_s=600)
+    assert game.exit_code == 0, game.output
+    assert "w w" in game.output and "l/→ l" in game.output  # the keys printed at start
+    log = (tmp_path / "g.actions.yaml").read_text()
+    assert f"--image {image_path}" in log  # the replay starts from the same image
+    assert set(yaml.safe_load(log)["actions"]) <= set(SPACES_NAMES)
