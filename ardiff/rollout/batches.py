@@ -11,6 +11,9 @@ step, each stream's frames to its own file. A stream that is done leaves the bat
 session closed once its frames were handed on) and the next waiting one takes its place;
 under `rollout.interleave` a round is every stream, in batches. Only the last event of a
 forward has `ends_forward`: a stop is polled there, so a batch's streams end together.
+A forward runs through `Runner.execute_rows`: a failing row that committed nothing fails
+its own stream only (it leaves the batch, its file keeping the frames it made) and the
+others go on to their last frame; then the first stream's error ends the rollout (failed).
 
     forward 1:  stream-0 b0 | stream-1 b0 | stream-2 b0      batch 3, 4 prompts
     forward 2:  stream-0 b1 | stream-1 b1 | stream-2 b1      (each done after 2 blocks)
@@ -30,7 +33,7 @@ from ardiff.errors import ConfigError, PipelineLoadError
 from ardiff.rollout.streams import BlockEvent, RolloutPlan, Stream, build_request
 
 if TYPE_CHECKING:  # pragma: no cover - typing only: the runner imports torch
-    from ardiff.engine.runner import Runner
+    from ardiff.engine.runner import BlockResult, Runner
 
 
 def planned_batch(requested: int | None, pipeline: object, config: RunConfig,
@@ -102,25 +105,39 @@ class BatchedBlocks:
         written = {stream.index: 0 for stream in plan.streams}
         made = dict(written)  # blocks made per stream
         pending = list(plan.streams)
+        failed: list[Exception] = []  # the failed streams' errors, in the order they came
         while pending:
             step = list(pending if plan.interleave else pending[:self.batch])
             for start in range(0, len(step), self.batch):
                 group = step[start:start + self.batch]
-                yield from _forward(runner, plan, group, written, made)
+                yield from _forward(runner, plan, group, written, made, failed)
                 for stream in group:  # closed after their frames were handed on
-                    if written[stream.index] >= plan.frames:
+                    if stream.session_id not in runner.sessions:  # it failed: released
+                        pending.remove(stream)
+                    elif written[stream.index] >= plan.frames:
                         pending.remove(stream)
                         runner.close_session(stream.session_id)
+        if failed:
+            raise failed[0]
 
 
 def _forward(runner: Runner, plan: RolloutPlan, group: list[Stream], written: dict[int, int],
-             made: dict[int, int]) -> Iterator[BlockEvent]:
-    """One forward for the next block of every stream of `group`, its events in order."""
+             made: dict[int, int], failed: list[Exception]) -> Iterator[BlockEvent]:
+    """One forward for the next block of every stream of `group`, its events in order; a
+    row that failed yields nothing, its error added to `failed`."""
     requests = [build_request(plan, stream, made[stream.index]) for stream in group]
-    results = runner.execute_batch(requests)
-    for row, (stream, result) in enumerate(zip(group, results)):
+    results = runner.execute_rows(requests)
+    rows: list[tuple[Stream, BlockResult]] = []
+    for stream, result in zip(group, results):
+        if isinstance(result, Exception):
+            failed.append(result)
+        else:
+            rows.append((stream, result))
+    if not rows:
+        raise failed[0]  # the whole forward failed (it had committed): nothing goes on
+    for row, (stream, result) in enumerate(rows):
         frames = result.output.frames[:plan.frames - written[stream.index]]
         written[stream.index] += int(frames.shape[0])
         made[stream.index] += 1
         yield BlockEvent(stream, made[stream.index] - 1, frames, result.latency,
-                         written[stream.index], ends_forward=row == len(group) - 1)
+                         written[stream.index], ends_forward=row == len(rows) - 1)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from extras import require_extra
 from typer.testing import CliRunner
 
 from ardiff_cli.bench import startup_seconds
@@ -206,7 +207,7 @@ def test_actions_are_checked_as_a_rollout_checks_them(monkeypatch):
 
 def test_a_plot_that_cannot_be_written_is_exit_1_after_the_numbers(tmp_path, monkeypatch,
                                                                    timed_commands):
-    pytest.importorskip("matplotlib")
+    require_extra("plot")
     from ardiff.errors import OutputPathError
 
     def disk_full(timeline, path, *args):

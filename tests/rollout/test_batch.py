@@ -159,16 +159,30 @@ def test_a_max_batch_size_that_is_not_a_count_is_refused(tmp_path):
 
 
 # -- failures and stops, per stream ------------------------------------------------------------
-def test_a_failure_in_a_batch_fails_its_sessions_and_every_stream_keeps_its_frames(tmp_path):
+def test_a_failure_after_a_commit_fails_every_session_of_its_batch(tmp_path):
+    """RowBatchProbe commits row by row: stream-1's fault comes after stream-0's commit, so
+    the forward cannot run again row by row and every session of it fails."""
+    report = run_rollout(make_config(tmp_path, args={"fail_session": "stream-1"}, prompts=3,
+                                     batch=3, frames=12))
+
+    assert (report.status, report.exit_code) == ("failed", 1)
+    assert report.error.startswith("batch of 3 sessions ('stream-0' block 0, 'stream-1' block 0, "
+                                   "'stream-2' block 0): generate_blocks raised RuntimeError")
+    assert list(tmp_path.glob("out-*.npy")) == []  # no frame was made: no file
+    assert report.sessions["failed"] == 3 and report.kv["pages_in_use"] == 0
+    jsonschema.validate(report.to_dict(), STATS_SCHEMA)
+
+
+def test_a_batch_only_failure_before_any_commit_runs_each_stream_alone(tmp_path):
+    """A fault of the batched forward (at its first row, before anything is committed) that
+    one session per forward does not hit: each stream's block runs again on its own, and
+    every stream makes every frame."""
     report = run_rollout(make_config(tmp_path, args={"fail_at_block": 2}, prompts=3, batch=3,
                                      frames=12))
 
-    assert (report.status, report.exit_code) == ("failed", 1)
-    assert report.error.startswith("batch of 3 sessions ('stream-0' block 2, 'stream-1' block 2, "
-                                   "'stream-2' block 2): generate_blocks raised RuntimeError")
-    assert [video.shape[0] for video in videos(tmp_path, 3)] == [4, 4, 4]
-    assert report.sessions["failed"] == 3 and report.kv["pages_in_use"] == 0
-    jsonschema.validate(report.to_dict(), STATS_SCHEMA)
+    assert (report.status, report.exit_code) == ("ok", 0)
+    assert [video.shape[0] for video in videos(tmp_path, 3)] == [12, 12, 12]
+    assert report.kv["pages_in_use"] == 0
 
 
 def test_a_stop_ends_every_stream_of_the_batch_at_the_same_block(tmp_path):
@@ -240,3 +254,21 @@ def test_cli_tiny_dit_batch_4_writes_8_videos_as_the_unbatched_run(tmp_path):
     for video, expected in zip(videos(tmp_path, 8), videos(tmp_path / "one", 8)):
         assert video.shape == expected.shape
         assert np.abs(video.astype(int) - expected.astype(int)).max() <= 1
+
+
+def test_a_row_that_fails_before_committing_fails_its_stream_only(tmp_path):
+    """The tiny DiT commits every row at the end of its forward: a row that raises while
+    the batch denoises fails its own stream (keeping its frames); the others finish."""
+    data = {"pipeline": {"entry": f"{SUPPORT / 'row_fault_pipelines.py'}:BoomRowDiT",
+                         "args": {"frames_per_block": 3, "window_frames": 9, "sink_frames": 1,
+                                  "at_block": 2}},
+            "runtime": {"device": "cpu", "memory_budget": "64MiB"},
+            "rollout": {"frames": 12, "prompts": ["a", "boom", "b", "c"], "batch": 4},
+            "output": {"path": str(tmp_path / "out-{index}.npy"), "fps": 8}}
+    report = run_rollout(build_config(data, base_dir=tmp_path))
+
+    assert (report.status, report.exit_code) == ("failed", 1)
+    assert "boom" in report.error and "\n" not in report.error
+    assert [video.shape[0] for video in videos(tmp_path, 4)] == [12, 6, 12, 12]
+    assert report.kv["pages_in_use"] == 0
+    jsonschema.validate(report.to_dict(), STATS_SCHEMA)

@@ -7,9 +7,9 @@ world-model server for the module (token, 2 sessions, small limits), warmup off.
 from __future__ import annotations
 
 import pytest
+from extras import require_extra
 
-for _name in ("fastapi", "uvicorn", "prometheus_client", "httpx", "websockets"):
-    pytest.importorskip(_name)  # the serve extra: a core install skips these tests
+require_extra("serve")
 
 import io
 
@@ -70,7 +70,8 @@ def test_bad_bodies_are_refused_422_naming_the_dotted_path_or_413(shared_app):
         assert error.startswith(message), error
         assert response.json()["field"] == message.split(":")[0]
         assert "\n" not in error
-    bad = server.http.post("/v1/sessions", content=b"{frames: 3")
+    bad = server.http.post("/v1/sessions", content=b"{frames: 3",
+                           headers={"content-type": "application/json"})
     assert bad.status_code == 422 and bad.json()["error"].startswith("body: not JSON")
     large = server.http.post("/v1/sessions", json={"prompt": "x" * 2000})
     assert large.status_code == 413 and "serve.max_body_bytes" in large.json()["error"]
@@ -160,9 +161,9 @@ def test_a_bad_client_message_is_one_line_back_and_changes_nothing(shared_app, f
         for message, error in (
                 ({"action": "jump"}, "action: 'jump' is not an action of this pipeline; use "
                                      "one of none, left, right, up, down"),
-                ({"prompt": "b", "on_switch": "later"}, "on_switch: 'later' is not allowed; "
-                                                        "use one of keep, clear-cross, reset, "
-                                                        "recache"),
+                ({"prompt": "b"}, "prompt: this pipeline ignores prompts (its PipelineInputs "
+                                  "say prompt: ignored); leave the prompt out, or serve a "
+                                  "text-conditioned pipeline"),
                 ({"pause": "no"}, "pause: expected true or false"),
                 ({"jump": 1}, "message: expected an object with action, prompt (and "
                               "on_switch) or pause; got {\"jump\": 1}")):
