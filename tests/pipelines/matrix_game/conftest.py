@@ -11,7 +11,6 @@ import torch
 
 @pytest.fixture(scope="session")
 def mg_dir(tmp_path_factory) -> Path:
-    pytest.importorskip("diffusers")
     from ardiff.pipelines.matrix_game.make_tiny import write
 
     out = tmp_path_factory.mktemp("models") / "matrix-game-tiny"  # the tiny config's name
