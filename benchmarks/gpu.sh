@@ -59,3 +59,6 @@ say "measuring (${left}s left)"
 timeout --kill-after=10 "$left" "$venv/bin/python" "$root/benchmarks/gpu_batch.py" \
   --device cuda --out "$out" --budget-s $(( left - 60 )) "${@:2}"
 say "done in $(( SECONDS - start ))s: $out/gpu_batch.md"
+# Matrix-Game 2.0's geometry at 352x640 instead (30 layers, 880 tokens a frame, window 6,
+# 3 steps; synthetic weights): bash benchmarks/gpu.sh OUT --shape matrix-game (arguments
+# after OUT go to gpu_batch.py).

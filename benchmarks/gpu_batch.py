@@ -48,6 +48,11 @@ from ardiff.pipelines.shared.rows import OneRow, as_rows
 ROOT = Path(__file__).resolve().parent.parent
 WIDE = ROOT / "configs" / "bench-wide.yaml"
 WAN_DIM, WAN_FFN = 1536, 8960  # Wan2.1-1.3B: 12 heads x 128, FFN width
+# Matrix-Game 2.0 at 352x640 (docs/matrix-game.md): Wan2.1-1.3B's 30 layers of 12 x 128 over
+# 880 tokens a frame, 3-frame blocks, a window of 6 (universal), 3 steps; its action modules
+# and image cross-attention are not in the stack (the KV cache's share is what is measured).
+MATRIX_GAME = {"num_layers": 30, "num_kv_heads": 12, "head_size": 128, "tokens_per_frame": 880,
+               "frames_per_block": 3, "window_frames": 6, "num_steps": 3}
 TINY = {"num_layers": 2, "num_kv_heads": 2, "head_size": 16, "tokens_per_frame": 8,
         "frames_per_block": 2, "window_frames": 6, "num_steps": 1}
 BRANCH = "main"
@@ -69,9 +74,12 @@ class Geometry:
         return self.spec.frames_per_block * self.spec.tokens_per_frame
 
 
-def geometry(tiny: bool, layers: int | None, most_sessions: int) -> Geometry:
-    """bench-wide.yaml's (or the tiny) geometry, holding `most_sessions` sessions."""
-    args = dict(TINY) if tiny else dict(yaml.safe_load(WIDE.read_text())["pipeline"]["args"])
+def geometry(tiny: bool, layers: int | None, most_sessions: int,
+             shape: str = "wide") -> Geometry:
+    """bench-wide.yaml's (or the tiny, or Matrix-Game's) geometry, holding `most_sessions`
+    sessions."""
+    args = dict(TINY) if tiny else dict(MATRIX_GAME) if shape == "matrix-game" \
+        else dict(yaml.safe_load(WIDE.read_text())["pipeline"]["args"])
     num_steps = int(args.pop("num_steps", 1))
     if layers is not None:
         args["num_layers"] = layers
@@ -397,6 +405,8 @@ def parse(argv: list[str] | None = None) -> tuple[Options, Geometry, Path]:
     parser.add_argument("--out", default=os.environ.get("OUT") or "gpu-bench-out")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="a tiny geometry (tests, CPU)")
+    parser.add_argument("--shape", choices=("wide", "matrix-game"), default="wide",
+                        help="bench-wide.yaml's geometry, or Matrix-Game 2.0's at 352x640")
     parser.add_argument("--batch", default="1,2,4,8")
     parser.add_argument("--layers", type=int, default=None,
                         help="layers of the stack (default: bench-wide.yaml's)")
@@ -418,7 +428,7 @@ def parse(argv: list[str] | None = None) -> tuple[Options, Geometry, Path]:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     opts = Options(device, dtype, sizes, args.repeats, args.warmup, args.arm_s, args.budget_s,
                    not args.no_compile, args.compile_backend)
-    return opts, geometry(args.tiny, args.layers, max(sizes)), Path(args.out)
+    return opts, geometry(args.tiny, args.layers, max(sizes), args.shape), Path(args.out)
 
 
 def main(argv: list[str] | None = None) -> int:

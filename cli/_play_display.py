@@ -37,9 +37,10 @@ class Pacer:
         self.quit = False
 
     def choose(self, block_index: int) -> Optional[tuple[str, ...]]:
-        """This tick's action: the last mapped key, else idle; None when a quit key came.
-        A lost terminal ends the tick at once, idle (its stop ends the game after it)."""
-        chosen = None
+        """This tick's action: the mapped keys of the tick (their chord where the pipeline
+        takes it, else the last), else idle; None when a quit key came. A lost terminal
+        ends the tick at once, idle (its stop ends the game after it)."""
+        chosen: list[str] = []
         while True:
             try:
                 keys = self.keys.read(self.next_tick - time.perf_counter())
@@ -50,11 +51,13 @@ class Pacer:
                 if key in QUIT_KEYS:
                     self.quit = True
                     return None
-                chosen = self.key_map.action_for(key) or chosen
+                action = self.key_map.action_for(key)
+                if action is not None and action not in chosen:
+                    chosen.append(action)
             if time.perf_counter() >= self.next_tick:
                 break
         self.tick_start = time.perf_counter()
-        self.action = chosen or self.key_map.idle
+        self.action = self.key_map.combine(chosen) or self.key_map.idle
         return (self.action,)
 
     def on_event(self, event) -> None:

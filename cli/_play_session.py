@@ -50,7 +50,7 @@ class PlaySession:
             raise ConfigError(f"pipeline: {short_repr(run_config.pipeline.entry)} declares no "
                               f"actions (no action_names); ardiff play needs an "
                               f"action-conditioned pipeline, such as the default one")
-        self.key_map = key_map(run_config.play, names)
+        self.key_map = key_map(run_config.play, names, getattr(pipeline, "play_keys", None))
         self.log_path = action_log_path(run_config.output.path, actions_out)
         # The video and the log: writable, distinct, and none of the files the game reads.
         options.check_command_paths(run_config, config_path,

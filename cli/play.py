@@ -36,6 +36,9 @@ def play_command(
     frames: int = typer.Option(MAX_PLAY_FRAMES, "--frames", help="Most video frames to play."),
     seed: int = typer.Option(None, "--seed", show_default=FROM_CONFIG, help="Noise seed (names the world)."),
     fps: float = typer.Option(None, "--fps", show_default=FROM_CONFIG, help="Ticks follow this playback frame rate."),
+    image: Path = typer.Option(None, "--image", show_default=FROM_CONFIG,
+                               help="The first image (a pipeline that starts from one, "
+                                    "e.g. matrix-game)."),
     device: str = options.DeviceOpt,
     dtype: str = options.DtypeOpt,
     overrides: options.OverrideList = options.SetOpt,
@@ -53,14 +56,15 @@ def play_command(
         with handle_errors(debug):
             run_config = options.load_run_config(config, overrides, {
                 "output.path": output, "rollout.frames": frames, "rollout.seed": seed,
-                "output.fps": fps, "runtime.device": device, "runtime.dtype": dtype})
+                "output.fps": fps, "runtime.device": device, "runtime.dtype": dtype,
+                "rollout.image": None if image is None else str(image.expanduser().resolve())})
             session = play_session.PlaySession(run_config, config, actions_out)
             _check_terminal(terminal)
             print(f"keys: {describe_keys(session.key_map)}", file=sys.stderr)
             result = session.run(stop_signals, terminal)
         stop_signals.hold()
-        play_session.finish(session, result, _replay_args(config, overrides, device, dtype),
-                            debug)
+        play_session.finish(session, result,
+                            _replay_args(config, overrides, device, dtype, image), debug)
 
 
 def _check_terminal(terminal: TerminalOutput) -> None:
@@ -72,9 +76,13 @@ def _check_terminal(terminal: TerminalOutput) -> None:
                           "FILE")
 
 
-def _replay_args(config: Optional[Path], overrides, device, dtype) -> list[str]:
-    """What the replay command repeats of this one: the config, --set, device and dtype."""
+def _replay_args(config: Optional[Path], overrides, device, dtype,
+                 image: Optional[Path] = None) -> list[str]:
+    """What the replay command repeats of this one: the config, --set, device, dtype and
+    the first image."""
     args = [] if config is None else [str(config)]
+    if image is not None:
+        args += ["--image", str(image.expanduser().resolve())]
     for override in overrides or []:
         args += ["--set", override]
     for flag, value in (("--device", device), ("--dtype", dtype)):

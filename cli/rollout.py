@@ -33,6 +33,9 @@ def rollout_command(
     prompts: Path = typer.Option(None, "--prompts", show_default=FROM_CONFIG, help="File with one prompt per line: one "
                                  "video each."),
     actions: Path = typer.Option(None, "--actions", show_default=FROM_CONFIG, help="YAML list of per-block actions."),
+    image: Path = typer.Option(None, "--image", show_default=FROM_CONFIG,
+                               help="The first image of every video (a pipeline that "
+                                    "starts from one, e.g. matrix-game)."),
     fps: float = typer.Option(None, "--fps", show_default=FROM_CONFIG, help="Playback frame rate of the output."),
     device: str = options.DeviceOpt,
     dtype: str = options.DtypeOpt,
@@ -73,7 +76,8 @@ def rollout_command(
             run_config = options.load_run_config(config, overrides, {
                 "output.path": output, "rollout.frames": frames, "rollout.seed": seed,
                 "rollout.prompt": prompt, "rollout.prompts": _absolute(prompts),
-                "rollout.actions": _absolute(actions), "output.fps": fps,
+                "rollout.actions": _absolute(actions), "rollout.image": _absolute(image),
+                "output.fps": fps,
                 "runtime.device": device, "runtime.dtype": dtype,
                 "runtime.memory_budget": budget, "runtime.parallel.workers": workers,
                 "runtime.parallel.cfg": cfg_parallel,

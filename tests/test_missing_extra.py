@@ -48,5 +48,6 @@ def test_make_tiny_without_the_wan_extra_is_one_line(tmp_path, monkeypatch, caps
     with pytest.raises(SystemExit) as exit_info:
         make_tiny.main()
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err == ("error: make_tiny needs the 'wan' extra (diffusers is "
-                                       "not installed): pip install 'ardiff[wan]'\n")
+    assert capsys.readouterr().err == ("make_tiny (causal-wan): error: needs the 'wan' extra "
+                                       "(diffusers is not installed): pip install "
+                                       "'ardiff[wan]'\n")

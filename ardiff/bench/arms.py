@@ -19,6 +19,8 @@ import torch
 from ardiff.config.run import RunConfig
 from ardiff.contract.forward import RolloutRequest
 from ardiff.engine.runner import Runner
+from ardiff.image import IMAGE_KEY
+from ardiff.rollout.images import row_image
 from ardiff.sizes import ceil_div
 
 FILL_EXTRA = {"q_tokens": 1}  # pipelines that support it fill the window with cheap queries
@@ -40,11 +42,14 @@ def block_request(config: RunConfig, session_id: str, block: int, fill: bool,
     prompt = r.prompt if isinstance(r.prompt, str) else r.prompt[0].prompt
     if isinstance(r.prompts, list) and r.prompts:
         prompt = r.prompts[row % len(r.prompts)]
+    extra: dict[str, object] = dict(FILL_EXTRA) if fill else {}
+    image = row_image(config, row)
+    if image is not None:  # a pipeline that starts from an image (rollout.image / images)
+        extra[IMAGE_KEY] = str(image)
     return RolloutRequest(session_id, block_index=block, prompt=prompt,
                           negative_prompt=r.negative_prompt, seed=r.seed + row,
                           num_steps=r.num_steps, guidance_scale=r.guidance_scale,
-                          actions=block_actions(config, block),
-                          extra=dict(FILL_EXTRA) if fill else {})
+                          actions=block_actions(config, block), extra=extra)
 
 
 def block_actions(config: RunConfig, block: int) -> tuple[str, ...] | None:

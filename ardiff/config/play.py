@@ -27,6 +27,7 @@ QUIT_KEYS = ("q", "ctrl-c")
 DIRECTION_KEYS = {"left": ("left", "a"), "right": ("right", "d"), "up": ("up", "w"),
                   "down": ("down", "s")}
 DIGIT_KEYS = tuple("123456789")
+CHORD = "+"  # actions held together: `w+a` (a pipeline lists the chords it takes)
 
 
 def check_key(key: str) -> str:
@@ -79,16 +80,30 @@ class KeyMap:
     def keys_of(self, action: str) -> list[str]:
         return [key for key, chosen in self.keys.items() if chosen == action]
 
+    def combine(self, chosen: list[str]) -> str | None:
+        """The action of the keys chosen in one tick: their chord (`w+l`) where the pipeline
+        has that action (names joined by `+`, in its order), else the last one chosen."""
+        if not chosen:
+            return None
+        parts = {part for action in chosen for part in action.split(CHORD)}
+        for action in self.actions:
+            if set(action.split(CHORD)) == parts:
+                return action
+        return chosen[-1]
 
-def key_map(play: PlayConfig, action_names: tuple[str, ...]) -> KeyMap:
-    """The key map for a pipeline with `action_names`; ConfigError when `play` names an
-    action the pipeline does not have."""
+
+def key_map(play: PlayConfig, action_names: tuple[str, ...],
+            pipeline_keys: dict[str, list[str]] | None = None) -> KeyMap:
+    """The key map for a pipeline with `action_names` (and its own default keys,
+    `pipeline_keys`: action -> keys); ConfigError when `play` names an action the pipeline
+    does not have."""
     idle = play.idle if play.idle is not None else action_names[0]
     _check_action("play.idle", idle, action_names)
-    if play.keys is None:
+    chosen = play.keys if play.keys is not None else pipeline_keys
+    if chosen is None:
         return KeyMap(action_names, idle, _default_keys(action_names, idle))
     keys: dict[str, str] = {}
-    for action, names in play.keys.items():
+    for action, names in chosen.items():
         _check_action(f"play.keys.{action}", action, action_names)
         keys.update({key: action for key in names})
     return KeyMap(action_names, idle, keys)

@@ -274,6 +274,10 @@ class RolloutConfig:
     generate_blocks); None or auto: ardiff chooses (docs/configs.md#batching-several-prompts)."""
     actions: list[Text | list[Text]] | PathText | None = None
     """One action (or several) per block, repeating; or a YAML file with the list."""
+    image: PathText | None = None
+    """The first image of every video, for a pipeline that starts from one."""
+    images: list[PathText] | None = None
+    """One first image per video (as many as the prompts, or one video each)."""
     num_steps: Annotated[StrictInt, Field(gt=0, le=MAX_NUM_STEPS)] | None = None
     """None: the pipeline's default."""
     guidance_scale: Finite = 1.0

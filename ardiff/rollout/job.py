@@ -35,6 +35,7 @@ from ardiff.errors import (
 from ardiff.rollout.batches import BatchedBlocks, choose_batch, planned_batch
 from ardiff.rollout.gate import FileGate
 from ardiff.rollout.handoff import FrameHandoff, frames_lag, make_handoff
+from ardiff.rollout.images import check_images
 from ardiff.rollout.inputs import ignored_prompt_warnings, pipeline_actions, prompt_warnings
 from ardiff.rollout.outcome import record_failure, record_interrupt
 from ardiff.rollout.paths import check_rollout_paths
@@ -152,6 +153,7 @@ def prepare_rollout(config: RunConfig, context: ParallelContext | None = None
     per_block, first_block = video_frames_per_block(resolved.pipeline, spec.frames_per_block)
     plan = plan_rollout(config, spec, per_block, first_block, pipeline_actions(resolved.pipeline),
                         latent_frame_map(resolved.pipeline))
+    check_images(plan, resolved.pipeline, config.pipeline.entry)
     check_rollout_paths(config, [stream.output_path for stream in plan.streams],
                         pipeline=resolved.pipeline)
     out = config.output

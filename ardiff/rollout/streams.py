@@ -27,6 +27,8 @@ from ardiff.contract.forward import RolloutRequest
 from ardiff.contract.spec import ARDiffusionKVCacheSpec
 from ardiff.engine.timing import Latency, seconds
 from ardiff.errors import ConfigError, PipelineLoadError
+from ardiff.image import IMAGE_KEY
+from ardiff.rollout.images import stream_images
 from ardiff.rollout.inputs import output_path_for, read_actions, read_prompts
 from ardiff.rollout.switches import resolve_schedule, switch_warnings
 from ardiff.sizes import ceil_div
@@ -59,6 +61,7 @@ class Stream:
     schedule: tuple[PromptSwitch, ...]
     output_path: Path
     blocks: tuple[BlockSlot, ...] = ()
+    image: Path | None = None     # its first image (rollout.image / images), if any
 
 
 @dataclass(frozen=True)
@@ -125,9 +128,12 @@ def plan_rollout(config: RunConfig, spec: ARDiffusionKVCacheSpec, video_frames_p
     written = _schedules(config)
     schedules = [resolve_schedule(schedule, latent_map) for schedule in written]
     outputs = _output_paths(config.output.path, len(schedules))
+    images = stream_images(config, len(schedules))
     streams = tuple(Stream(i, f"stream-{i}", schedule, output,
-                           walk_blocks(schedule, rollout.frames, first, video_frames_per_block))
-                    for i, (schedule, output) in enumerate(zip(schedules, outputs)))
+                           walk_blocks(schedule, rollout.frames, first, video_frames_per_block),
+                           image)
+                    for i, (schedule, output, image) in enumerate(zip(schedules, outputs,
+                                                                      images)))
     actions = read_actions(rollout.actions, config.base_dir, action_names, spec.frames_per_block)
     plan = RolloutPlan(streams, rollout.frames, video_frames_per_block, first, actions,
                        rollout.interleave and len(streams) > 1, rollout.seed,
@@ -175,6 +181,9 @@ def _schedules(config: RunConfig) -> list[tuple[PromptSwitch, ...]]:
     prompts = read_prompts(rollout.prompts, config.base_dir)
     if prompts is not None:
         return [(PromptSwitch(0, prompt),) for prompt in prompts]
+    if rollout.images and len(rollout.images) > 1:  # one video per image, the one prompt
+        return [(PromptSwitch(0, rollout.prompt),) if isinstance(rollout.prompt, str)
+                else tuple(rollout.prompt)] * len(rollout.images)
     if isinstance(rollout.prompt, list):
         return [tuple(rollout.prompt)]
     return [(PromptSwitch(0, rollout.prompt),)]
@@ -249,12 +258,15 @@ def build_request(plan: RolloutPlan, stream: Stream, block_index: int) -> Rollou
     actions = None
     if plan.actions:
         actions = plan.actions[block_index % len(plan.actions)]
+    extra: dict[str, object] = {"recache": True} if switching == "recache" else {}
+    if stream.image is not None:  # every block: a reset session starts from it again
+        extra[IMAGE_KEY] = str(stream.image)
     return RolloutRequest(
         session_id=stream.session_id, block_index=block_index, prompt=current.prompt,
         negative_prompt=plan.negative_prompt, seed=plan.seed, num_steps=plan.num_steps,
         guidance_scale=plan.guidance_scale, actions=actions,
         reset=switching == "reset", clear_cross_kv=switching in ("clear-cross", "recache"),
-        extra={"recache": True} if switching == "recache" else {})
+        extra=extra)
 
 
 def video_frames_per_block(pipeline: ARDiffusionPipeline, latent_frames: int) -> tuple[int, int]:

@@ -228,3 +228,9 @@ def test_the_gpu_script_compiles_every_path(tmp_path):
     compiled = [a for a in data["arms"] if a["mode"] == "compiled"]
     assert len(compiled) == 6
     assert all(a["max_abs_diff_vs_dense_eager"] <= 1e-5 for a in compiled)
+
+
+def test_the_gpu_script_has_matrix_game_s_shape():
+    g = gpu_batch().geometry(False, None, 4, "matrix-game")
+    assert (g.spec.num_layers, g.spec.tokens_per_frame, g.spec.window_frames) == (30, 880, 6)
+    assert (g.num_steps, g.dim, g.ffn) == (3, 1536, 8960)

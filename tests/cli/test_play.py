@@ -149,3 +149,17 @@ def test_a_stop_signal_while_the_script_still_imports_ends_in_exit_130(tmp_path,
     assert f"error: interrupted by {signal.Signals(signum).name}" in game.output
     assert "Traceback" not in game.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_keys_of_one_tick_make_the_chord_a_pipeline_takes():
+    """Matrix-Game's universal space: W A S D and the camera (I J K L, or the arrows); the
+    keys typed in one tick are held together."""
+    from ardiff.pipelines.matrix_game.actions import SPACES
+
+    space = SPACES["universal"]
+    keys = ScriptedKeys(["w", "right"], ["i", "k"], ["a"], [])
+    pacer = Pacer(keys, key_map(PlayConfig(), space.names, space.play_keys), fps=1000.0)
+    assert pacer.choose(0) == ("w+l",)    # forward while turning right (the arrow is L)
+    assert pacer.choose(1) == ("k",)      # up and down together: no such chord, the last
+    assert pacer.choose(2) == ("a",)
+    assert pacer.choose(3) == ("idle",)

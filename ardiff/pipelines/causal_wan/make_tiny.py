@@ -16,7 +16,6 @@ disk) with the tiny VAE. A command, not library API: it reads argv, prints and w
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import re
@@ -27,7 +26,6 @@ from typing import Any
 
 import torch
 
-from ardiff.extras import missing_extra_message
 from ardiff.pipelines.causal_wan.layouts import (
     DIFFUSERS,
     WAN,
@@ -39,6 +37,13 @@ from ardiff.pipelines.causal_wan.layouts import (
 )
 from ardiff.pipelines.causal_wan.models import quiet_libraries
 from ardiff.pipelines.causal_wan.umt5 import WAN_MAX_DISTANCE, wan_state
+from ardiff.pipelines.shared.tiny_cli import (
+    OneLineParser,
+    check_counts,
+    check_out,
+    fail,
+    require_extra,
+)
 
 TINY_TRANSFORMER = dict(patch_size=[1, 2, 2], num_attention_heads=2, attention_head_dim=16,
                         in_channels=16, out_channels=16, text_dim=32, freq_dim=32, ffn_dim=64,
@@ -258,9 +263,16 @@ def write_model(out: Path, shape: str = "tiny", num_layers: int | None = None,
         torch.save(lora_checkpoint(state, seed), out / "lora.pt")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder to write (created)")
+COMMAND = "make_tiny (causal-wan)"
+# Top-level names either layout writes: an --out folder holding anything else is refused.
+WRITTEN = {"transformer", "vae", "text_encoder", "tokenizer", "self_forcing.pt", "lora.pt",
+           WAN_CONFIG, WAN_TRANSFORMER_FILE, WAN_VAE_FILE, WAN_T5_FILE,
+           WAN_TOKENIZER.split("/")[0]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = OneLineParser(prog=COMMAND, description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=None, help="folder to write (created)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     parser.add_argument("--num-layers", type=int, default=None,
                         help="transformer layers (default: the shape's)")
@@ -270,22 +282,14 @@ def main() -> None:
     parser.add_argument("--configs-only", action="store_true",
                         help="write only transformer/, vae/ and text_encoder/ config.json "
                              "(for inspect-spec)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    check_counts(COMMAND, args.num_layers, args.seed)
+    check_out(COMMAND, args.out, WRITTEN)
+    require_extra(COMMAND, "wan", "diffusers", "transformers", "accelerate")
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
     if args.configs_only and args.layout == WAN:
-        parser.error("--configs-only writes the diffusers layout: Wan's reads the VAE's widths "
-                     "from Wan2.1_VAE.pth, so write the whole folder")
-    try:
-        _write(args)
-    except ModuleNotFoundError as exc:  # the wan extra: one line naming the install
-        message = missing_extra_message(exc, "make_tiny")
-        if message is None:
-            raise
-        parser.exit(2, f"error: {message}\n")
-    logging.getLogger(__name__).info("wrote %s", args.out)
-
-
-def _write(args: argparse.Namespace) -> None:
+        fail(COMMAND, "--configs-only writes the diffusers layout: Wan's reads the VAE's "
+                      "widths from Wan2.1_VAE.pth, so write the whole folder")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.configs_only:
         transformer, vae = SHAPES[args.shape]
