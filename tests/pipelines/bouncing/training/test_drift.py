@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ardiff.pipelines.bouncing.checkpoint import load_weights
 from ardiff.pipelines.bouncing.config import BouncingConfig
 from ardiff.pipelines.bouncing.model import BouncingDiT
 from ardiff.pipelines.bouncing.training import drift
@@ -61,3 +62,21 @@ def test_the_loss_is_finite_with_every_remedy():
     loss = drift.drift_loss(model, drift.DriftRecipe(sink=True, jitter=0.5, own=0.5),
                             np.random.default_rng(0), torch.Generator().manual_seed(0), 4)
     assert torch.isfinite(loss) and loss > 0
+
+
+def test_noised_history_gives_the_model_its_level_which_starts_as_no_change():
+    model = load_weights(BouncingConfig())   # trained: its modulations are not zero
+    grown = drift.with_context_level(model)
+    assert grown.context_level is not None and drift.with_context_level(grown) is grown
+    t, level = torch.rand(2, 3), torch.rand(2, 3)
+    before, after = model.conditioning(t), grown.conditioning(t, level)
+    assert before.final.shift.abs().sum() > 0
+    torch.testing.assert_close(after.final.shift, before.final.shift)   # zero-initialised
+    recipe = drift.DriftRecipe(context_noise=0.5)
+    loss = drift.drift_loss(grown, recipe, np.random.default_rng(0),
+                            torch.Generator().manual_seed(0), 4)
+    loss.backward()
+    assert torch.isfinite(loss) and grown.context_level[2].weight.grad.abs().sum() > 0
+    plain = drift.drift_loss(grown, drift.DriftRecipe(), np.random.default_rng(0),
+                             torch.Generator().manual_seed(0), 4)
+    assert not torch.equal(loss, plain)   # the history was noised
