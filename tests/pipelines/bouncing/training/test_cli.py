@@ -12,7 +12,7 @@ import pytest
 
 import ardiff
 from ardiff.pipelines.bouncing.checkpoint import shipped_weights
-from ardiff.pipelines.bouncing.training import cli, evaluate, stages
+from ardiff.pipelines.bouncing.training import cli, evaluate, games, stages
 
 
 def usage_error(parser, argv, capsys) -> str:
@@ -47,6 +47,14 @@ def test_evaluate_refuses_bad_arguments_in_one_line(argv, message, capsys):
 ])
 def test_train_refuses_bad_arguments_in_one_line(argv, message, capsys):
     assert message in usage_error(stages.parser(), argv, capsys)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--games", "0"], "argument --games: '0' must be >= 1"),
+    (["--world", "-2"], "argument --world: '-2' must be >= 0"),
+])
+def test_games_refuses_bad_arguments_in_one_line(argv, message, capsys):
+    assert message in usage_error(games.parser(), argv, capsys)
 
 
 def test_weights_that_are_a_folder_are_refused(tmp_path, capsys):
