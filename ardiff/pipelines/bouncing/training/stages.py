@@ -90,7 +90,8 @@ def train_base(args, minutes: dict[str, float]) -> BouncingDiT:
 
 def recipe_of(args: argparse.Namespace) -> DriftRecipe:
     return DriftRecipe(window=args.window, sink=args.sink, jitter=args.jitter, own=args.own,
-                       context_noise=getattr(args, "context_noise", 0.0))
+                       context_noise=getattr(args, "context_noise", 0.0),
+                       rollout=getattr(args, "rollout", 0))
 
 
 def stage2_pipeline_args(args: argparse.Namespace) -> dict[str, int | float]:
@@ -210,6 +211,9 @@ def parser() -> Parser:
     p.add_argument("--context-noise", type=fraction, default=DRIFT.context_noise,
                    help="stage 2: history noised to levels up to this, the level given to "
                         "the model (GameNGen); the pipeline then commits at --commit-noise")
+    p.add_argument("--rollout", type=natural_int, default=DRIFT.rollout,
+                   help="stage 2: half the clips' history rolled out by the model itself over "
+                        "4..N frames, without gradient (0: none)")
     p.add_argument("--commit-noise", type=fraction, default=COMMIT_NOISE,
                    help="the fixed level such weights commit history at")
     p.add_argument("--threads", type=positive_int, default=2)
