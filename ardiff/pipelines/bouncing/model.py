@@ -252,19 +252,23 @@ class BouncingDiT(nn.Module):
 
 @torch.inference_mode()
 def sample_next(model: BouncingDiT, history: torch.Tensor, actions: torch.Tensor,
-                start: int, noise: torch.Tensor, num_steps: int) -> torch.Tensor:
+                start: int, noise: torch.Tensor, num_steps: int,
+                history_level: float = 0.0) -> torch.Tensor:
     """The next frame after `history` [B, H, 3, s, s] (frames start..start+H-1) under
     actions [B, H + 1]: num_steps steps from noise [B, 3, s, s], as the pipeline samples,
-    through `forward_frames`. The history is encoded afresh, so its first frames see less
-    of the past than in a long KV-cache run."""
+    through `forward_frames`; `history_level`: the context noise level the history was
+    committed at (`BouncingDiT.conditioning`). The history is encoded afresh, so its first
+    frames see less of the past than in a long KV-cache run."""
     b, h = history.shape[:2]
     positions = torch.arange(start, start + h + 1)
     noisy = positions == start + h
+    level = torch.zeros(b, h + 1)
+    level[:, :-1] = history_level
 
     def predict_clean(x: torch.Tensor, t: float) -> torch.Tensor:
         t_slots = torch.zeros(b, h + 1)
         t_slots[:, -1] = t
         return model.forward_frames(torch.cat([history, x[:, None]], 1), t_slots, actions,
-                                    positions, noisy)[:, -1].clamp(-1, 1)
+                                    positions, noisy, level)[:, -1].clamp(-1, 1)
 
     return sample(noise, predict_clean, num_steps)

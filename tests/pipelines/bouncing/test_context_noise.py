@@ -18,7 +18,7 @@ from ardiff.pipelines.bouncing import BouncingWorld
 from ardiff.pipelines.bouncing.checkpoint import load_weights, save_weights
 from ardiff.pipelines.bouncing.config import BouncingConfig
 from ardiff.pipelines.bouncing.training import drift
-from ardiff.pipelines.bouncing.training.evaluate import runtime_rollouts
+from ardiff.pipelines.bouncing.training.evaluate import next_frame_error, runtime_rollouts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ACTIONS = np.array([[1, 1, 4, 4, 0, 2, 2, 3, 3, 0, 1, 4]] * 2)   # 12 frames: evicts
@@ -78,3 +78,12 @@ def test_the_level_must_be_below_pure_noise():
     with pytest.raises(ardiff.ConfigError, match=r"pipeline.args.context_noise: 1.0 must be "
                                                  r"in \[0, 1\)"):
         BouncingWorld(context_noise=1.0)
+
+
+def test_the_next_frame_error_sees_the_history_as_the_pipeline_commits_it(level_weights):
+    model = load_weights(BouncingConfig(weights=level_weights))
+    clean = next_frame_error(model, 4)
+    noised = next_frame_error(model, 4, context_noise=0.1)
+    assert clean["copy_last_frame_mse"] == noised["copy_last_frame_mse"]
+    assert clean["next_frame_mse_sampled"] != noised["next_frame_mse_sampled"]
+    assert 0 < noised["next_frame_mse_sampled"] < noised["copy_last_frame_mse"]

@@ -156,18 +156,26 @@ def sprite_numbers(video: np.ndarray, seeds: list[int], actions: np.ndarray,
 
 
 @torch.inference_mode()
-def next_frame_error(model: BouncingDiT, count: int = 256) -> dict[str, float]:
+def next_frame_error(model: BouncingDiT, count: int = 256,
+                     context_noise: float = 0.0) -> dict[str, float]:
     """One-step (t = 1) and sampled next-frame MSE after HISTORY true frames (the window
     sees the last ones, whose K/V carry the rest, as in the KV cache; the first is the sink
-    where the model has one), vs copy-last-frame."""
+    where the model has one; noised to `context_noise` as the pipeline commits them), vs
+    copy-last-frame."""
     _, state, actions, frames = episodes(count, HISTORY + 1, EVAL_SEED + 100_000)
     x, a = pixels_to_model(frames), torch.from_numpy(actions)
     if model.c.sink_frames:   # the sink frame as the pipeline commits it: the balls alone
         x[:, 0] = pixels_to_model(sim.render(sim.step(state, actions[:, 0]), sprite=False))
-    noise = torch.randn(x[:, 0].shape, generator=torch.Generator().manual_seed(NOISE_SEED))
+    gen = torch.Generator().manual_seed(NOISE_SEED)
+    noise = torch.randn(x[:, 0].shape, generator=gen)
+    history = x[:, :-1]
+    if context_noise:
+        history = (1 - context_noise) * history + context_noise * torch.randn(
+            history.shape, generator=gen)
     target = frames[:, -1]
-    one_step = model_to_pixels(sample_next(model, x[:, :-1], a, 0, noise, 1))
-    sampled = model_to_pixels(sample_next(model, x[:, :-1], a, 0, noise, model.c.num_steps))
+    one_step = model_to_pixels(sample_next(model, history, a, 0, noise, 1, context_noise))
+    sampled = model_to_pixels(sample_next(model, history, a, 0, noise, model.c.num_steps,
+                                          context_noise))
     return {"next_frame_mse_t1": float(((one_step - target) ** 2).mean()),
             "next_frame_mse_sampled": float(((sampled - target) ** 2).mean()),
             "copy_last_frame_mse": float(((frames[:, -2] - target) ** 2).mean())}
@@ -242,7 +250,7 @@ def evaluate(weights: str | None = None, worlds: int = WORLDS, clips: int = 256,
     config = BouncingConfig(weights=weights, **overrides)
     check_lengths(config, frames, horizon_worlds, horizon_frames)
     metrics = {"num_steps": config.num_steps, "worlds": worlds, "frames": frames,
-               **next_frame_error(load_weights(config).eval(), clips)}
+               **next_frame_error(load_weights(config).eval(), clips, config.context_noise)}
     seeds, state, actions, true = player_games(worlds, frames)
     video = runtime_rollouts(weights, seeds, actions, **overrides)
     context = config.context_frames
