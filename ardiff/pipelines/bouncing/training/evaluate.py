@@ -96,12 +96,13 @@ def worlds_of(seeds: list[int]) -> sim.SimState:
                           for name in ("pos", "vel", "radius", "colour", "alive", "sprite")))
 
 
-def player_games(count: int = WORLDS, frames: int = FRAMES):
-    """The games: worlds 0..count-1, a player's keys each (`games.player_actions`, seeded):
-    seeds, initial states, actions [B, frames] and the simulator's frames."""
+def player_games(count: int = WORLDS, frames: int = FRAMES, first: int = 0):
+    """The games: worlds first..first+count-1, a player's keys each (`games.player_actions`,
+    seeded; a world's keys are the same whichever range holds it): seeds, initial states,
+    actions [B, frames] and the simulator's frames."""
     rng = np.random.default_rng(games.ACTIONS_SEED)
-    keys = [games.player_actions(rng, frames) for _ in range(count)]
-    seeds = list(range(count))
+    keys = [games.player_actions(rng, frames) for _ in range(first + count)][first:]
+    seeds = list(range(first, first + count))
     actions = np.array([[sim.ACTIONS.index(name) for name in game] for game in keys])
     return seeds, *simulated(seeds, actions)
 
@@ -240,7 +241,8 @@ def long_horizon(weights: str | None, worlds: int = horizon.HORIZON_WORLDS,
 
 def evaluate(weights: str | None = None, worlds: int = WORLDS, clips: int = 256,
              frames: int = FRAMES, horizon_worlds: int = horizon.HORIZON_WORLDS,
-             horizon_frames: int = horizon.HORIZON_FRAMES, **overrides) -> dict[str, float]:
+             horizon_frames: int = horizon.HORIZON_FRAMES, first_world: int = 0,
+             **overrides) -> dict[str, float]:
     """Every number of ../README.md's tables for one weights file (None: the shipped weights),
     the pipeline run with args `overrides` (BouncingConfig fields, e.g. num_steps);
     `horizon_worlds` 0: without the long-horizon share.
@@ -249,9 +251,10 @@ def evaluate(weights: str | None = None, worlds: int = WORLDS, clips: int = 256,
     """
     config = BouncingConfig(weights=weights, **overrides)
     check_lengths(config, frames, horizon_worlds, horizon_frames)
-    metrics = {"num_steps": config.num_steps, "worlds": worlds, "frames": frames,
+    metrics = {"num_steps": config.num_steps, "worlds": worlds, "first_world": first_world,
+               "frames": frames,
                **next_frame_error(load_weights(config).eval(), clips, config.context_noise)}
-    seeds, state, actions, true = player_games(worlds, frames)
+    seeds, state, actions, true = player_games(worlds, frames, first_world)
     video = runtime_rollouts(weights, seeds, actions, **overrides)
     context = config.context_frames
     metrics.update(sprite_numbers(video, seeds, actions, context))
@@ -283,7 +286,8 @@ def report(metrics: dict[str, float]) -> str:
     m = metrics
     return "\n".join([
         f"games                            {m['worlds']} worlds x {m['frames']} frames, "
-        f"{m['num_steps']} denoising steps per frame",
+        f"{m['num_steps']} denoising steps per frame (worlds {m.get('first_world', 0)}-"
+        f"{m.get('first_world', 0) + m['worlds'] - 1})",
         f"sprite visible, generated frames {m['sprite_visible_frames']:.2f}",
         f"sprite visible at the last frame {m['sprite_visible_at_end']:.2f}",
         f"sprite in place, generated       {m['sprite_in_place_frames']:.2f}",
@@ -307,6 +311,8 @@ def parser() -> Parser:
     p.add_argument("--weights", type=weights_file,
                    help="a .safetensors file (default: the shipped weights)")
     p.add_argument("--worlds", type=positive_int, default=WORLDS, help="games, in worlds 0..N-1")
+    p.add_argument("--first-world", type=natural_int, default=0,
+                   help="games in worlds N..N+worlds-1 (64: held out from choosing on 0-63)")
     p.add_argument("--frames", type=positive_int, default=FRAMES, help="frames per game")
     p.add_argument("--horizon-worlds", type=natural_int, default=horizon.HORIZON_WORLDS,
                    help="long games for the long-horizon share (0: none)")
@@ -335,7 +341,7 @@ def evaluate_command(args: argparse.Namespace) -> None:
     if args.num_steps is not None:
         overrides["num_steps"] = args.num_steps
     weights = None if args.weights is None else str(args.weights)
-    metrics = evaluate(weights, args.worlds, frames=args.frames,
+    metrics = evaluate(weights, args.worlds, frames=args.frames, first_world=args.first_world,
                        horizon_worlds=args.horizon_worlds, horizon_frames=args.horizon_frames,
                        **overrides)
     log.info(report(metrics))

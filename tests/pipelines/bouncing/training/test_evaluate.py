@@ -25,6 +25,13 @@ def without_sprite(state: sim.SimState) -> np.ndarray:
     return sim.render(replace(state, sprite=np.full_like(state.sprite, -sim.SIZE)))
 
 
+def test_a_world_has_the_same_game_in_any_range_of_worlds():
+    _, _, actions, frames = evaluate.player_games(4, 12)
+    seeds, _, later, later_frames = evaluate.player_games(2, 12, first=2)
+    assert seeds == [2, 3] and np.array_equal(later, actions[2:])
+    assert np.array_equal(later_frames, frames[2:])
+
+
 def test_games_are_the_worlds_rollout_starts_from_with_a_players_keys():
     seeds, state, actions, frames = evaluate.player_games(3, 40)
     assert seeds == [0, 1, 2] and actions.shape == (3, 40) and frames.shape == (3, 40, 3, 32, 32)
