@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import ardiff
-from ardiff.errors import EXIT_USAGE
+from ardiff.errors import EXIT_INTERRUPTED, EXIT_USAGE
 
 
 class Parser(argparse.ArgumentParser):
@@ -98,9 +98,12 @@ def portable(value: object) -> object:
 
 def run(work: Callable[[], None]) -> None:
     """Run a command's work; a typed ardiff error leaves as its one-line message on stderr
-    and its exit code (2 for usage), never a traceback."""
+    and its exit code (2 for usage), Ctrl-C as `interrupted` and 130, never a traceback."""
     try:
         work()
     except ardiff.ArdiffError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)

@@ -5,7 +5,9 @@
     continues from the last one as if never stopped (same batches, same schedule)
 
 A checkpoint is one file, written beside itself and renamed over the last (a stop while
-writing leaves the one before). Weights snapshots at the checkpoints are the caller's
+writing leaves the one before); Ctrl-C (KeyboardInterrupt) within a step checkpoints the steps
+done before it (the training command turns SIGTERM into one); the batches after such a stop
+may differ from an unstopped run's (the generators moved on). Weights snapshots at the checkpoints are the caller's
 (`on_checkpoint`). Progress goes to logging.
 """
 
@@ -77,11 +79,18 @@ def train(model, plan: Schedule, next_batch,
     def minutes() -> float:
         return minutes_before + (time.time() - start) / 60
 
+    done = first
     for step in range(first, plan.steps):
-        loss = next_batch(rng, gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        try:   # the weights are not touched before opt.step()
+            loss = next_batch(rng, gen)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        except KeyboardInterrupt:   # stopped within a step: keep every step done before it
+            if plan.checkpoint is not None and done > first:
+                _save(plan.checkpoint, model, opt, schedule, rng, gen, done, running,
+                      minutes(), plan.steps)
+            raise
         opt.step()
         schedule.step()
         running = loss.item() if running is None else (

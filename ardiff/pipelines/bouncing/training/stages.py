@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -227,6 +228,7 @@ def main() -> None:
     args = parser().parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
     torch.set_num_threads(args.threads)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)   # `kill`: checkpoint, stop
     run(lambda: run_stages(args))
 
 

@@ -74,6 +74,14 @@ def test_a_typed_error_is_one_line_with_its_exit_code(tmp_path, capsys):
     assert line.startswith("error: pipeline.args.weights: cannot read") and "train" in line
 
 
+def test_ctrl_c_is_one_line_and_exit_130(capsys):
+    def stopped() -> None:
+        raise KeyboardInterrupt
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run(stopped)
+    assert exit_info.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+
+
 @pytest.mark.parametrize("frames, horizon, message", [
     (2, 2000, "--frames: 2 leaves no 8 generated frames after the 4 start frames to score; "
               "use --frames 12 or more"),

@@ -56,6 +56,28 @@ def test_a_resumed_stage_trains_on_as_if_never_stopped(tmp_path):
                                                 resumed.parameters()))
 
 
+def test_ctrl_c_between_steps_keeps_the_steps_done(tmp_path):
+    plan = loop.Schedule(steps=5, lr=1e-2, seed=3, checkpoint=tmp_path / "s.ckpt",
+                         checkpoint_every=10, resume=True)
+    straight = tiny_model()
+    loop.train(straight, dataclasses.replace(plan, checkpoint=None), batches(straight))
+    first = tiny_model()
+    calls = iter(range(100))
+
+    def interrupted(rng, gen):
+        if next(calls) == 3:
+            raise KeyboardInterrupt
+        return batches(first)(rng, gen)
+
+    with pytest.raises(KeyboardInterrupt):
+        loop.train(first, plan, interrupted)
+    assert torch.load(plan.checkpoint, weights_only=False)["step"] == 3
+    resumed = tiny_model()
+    loop.train(resumed, plan, batches(resumed))
+    for a, b in zip(straight.parameters(), resumed.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
 def test_without_resume_a_stage_starts_afresh(tmp_path):
     plan = loop.Schedule(steps=2, lr=1e-2, seed=3, checkpoint=tmp_path / "s.ckpt",
                          checkpoint_every=1)
