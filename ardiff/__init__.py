@@ -1,6 +1,8 @@
 """ardiff: a model-neutral runtime for autoregressive (block-causal) video diffusion.
 
     report = ardiff.run_job(ardiff.load_config("run.yaml"))   # what `ardiff rollout` runs
+    with ardiff.open("run.yaml") as run:                      # frames in memory (docs/python.md)
+        for block in run.blocks(frames=24): block.frames      # numpy uint8 [F, H, W, 3]
 
 Pipelines implement the upstream `SupportsARDiffusionPipeline` contract plus ardiff's
 `generate_block` (`SupportsARDiffusionBlockGeneration`) and declare their KV geometry with
@@ -28,6 +30,7 @@ from ardiff.contract.base import ARDiffusionPipelineBase
 from ardiff.distributed.context import ParallelContext, PeerLostError, cfg_branch_specs
 from ardiff.errors import (
     ArdiffError,
+    ArdiffWarning,
     BlockOutputError,
     CapacityError,
     ConfigError,
@@ -53,6 +56,8 @@ _LAZY = {
     "RolloutReport": "ardiff.rollout.report",
     "load_config": "ardiff.config.run", "build_config": "ardiff.config.run",
     "RunConfig": "ardiff.config.run",
+    "open": "ardiff.api.run:open_run", "Run": "ardiff.api.run", "Session": "ardiff.api.session",
+    "Block": "ardiff.api.session",
 }
 
 
@@ -60,7 +65,8 @@ def __getattr__(name: str):
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        module, _, attr = _LAZY[name].partition(":")
+        return getattr(importlib.import_module(module), attr or name)
     raise AttributeError(f"module 'ardiff' has no attribute {name!r}")
 
 
@@ -70,7 +76,7 @@ __all__ = [
     "SupportsARDiffusionBlockGeneration", "ARDiffusionKVState", "ARDiffusionKVBlock",
     "SupportsARDiffusionBatchGeneration", "ARDiffusionKVStateBatch", "ARDiffusionKVBatchBlock",
     "RolloutRequest", "BlockOutput", "PipelineInputs", "ARDiffusionPipelineBase",
-    "ArdiffError", "ConfigError", "SpecError", "PipelineLoadError", "OutputPathError",
+    "ArdiffError", "ArdiffWarning", "ConfigError", "SpecError", "PipelineLoadError", "OutputPathError",
     "CapacityError", "RunError", "KVStateError", "SessionError", "BlockOutputError",
     "PipelineError", "WarmupError", "EncoderError",
     "ParallelContext", "PeerLostError", "cfg_branch_specs",

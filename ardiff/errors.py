@@ -76,3 +76,8 @@ class WarmupError(RunError):
 
 class EncoderError(RunError):
     """The video encoder failed (disk full, codec missing...)."""
+
+
+class ArdiffWarning(UserWarning):
+    """Something ardiff did as asked but the user may not expect (a prompt the pipeline
+    ignores, a warmup that failed): issued by the Python API, kept in its `warnings`."""

@@ -9,7 +9,8 @@ from typing import Iterator
 
 import typer
 
-from ardiff.errors import EXIT_FAILED, EXIT_INTERRUPTED, ArdiffError
+from ardiff.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, ArdiffError
+from ardiff.extras import missing_extra_message
 
 
 @contextlib.contextmanager
@@ -29,6 +30,14 @@ def handle_errors(debug: bool) -> Iterator[None]:
             traceback.print_exc()
         print(f"error: {_one_line(str(exc))}", file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
+    except ModuleNotFoundError as exc:  # an optional extra not installed: one line, exit 2
+        message = missing_extra_message(exc, "this command")
+        if message is None:
+            raise
+        if debug:
+            traceback.print_exc()
+        print(f"error: {message}", file=sys.stderr)
+        raise typer.Exit(EXIT_USAGE) from None
     except KeyboardInterrupt as exc:
         by = f" by {exc}" if str(exc) else ""
         print(f"error: interrupted{by}", file=sys.stderr)

@@ -16,6 +16,8 @@ from typing import Callable, List, Optional, Sequence
 
 import typer
 
+from ardiff_cli._help import FROM_CONFIG
+
 ConfigArg = typer.Argument(..., help="Run config (YAML).", show_default=False)
 OptionalConfigArg = typer.Argument(None, help="Run config (YAML); omit for the embedded default.",
                                    show_default=False)
@@ -24,18 +26,18 @@ SetOpt = typer.Option(None, "--set", metavar="KEY=VALUE",
                            "(repeatable).")
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object instead of tables.")
 DebugOpt = typer.Option(False, "--debug", help="Show the traceback of an error.")
-BudgetOpt = typer.Option(None, "--budget", metavar="SIZE",
+BudgetOpt = typer.Option(None, "--budget", show_default=FROM_CONFIG, metavar="SIZE",
                          help="KV memory budget: bytes (6GiB, 512MiB) or a fraction of free "
                               "memory (0.8).")
-DtypeOpt = typer.Option(None, "--dtype", help="KV and model dtype: auto (bfloat16 on CUDA, "
+DtypeOpt = typer.Option(None, "--dtype", show_default=FROM_CONFIG, help="KV and model dtype: auto (bfloat16 on CUDA, "
                         "float32 on CPU), float32, bfloat16, float16.")
-PageTokensOpt = typer.Option(None, "--page-tokens", help="Tokens per KV page (default: one frame).")
-DeviceOpt = typer.Option(None, "--device", help="cpu, cuda, cuda:N or auto.")
-WorkersOpt = typer.Option(None, "--workers", metavar="N",
+PageTokensOpt = typer.Option(None, "--page-tokens", show_default=FROM_CONFIG, help="Tokens per KV page (one frame unless the config says).")
+DeviceOpt = typer.Option(None, "--device", show_default=FROM_CONFIG, help="cpu, cuda, cuda:N or auto.")
+WorkersOpt = typer.Option(None, "--workers", show_default=FROM_CONFIG, metavar="N",
                           help="Data-parallel replicas (processes): prompt i runs on i % N.")
-CfgParallelOpt = typer.Option(None, "--cfg-parallel", metavar="2",
+CfgParallelOpt = typer.Option(None, "--cfg-parallel", show_default=FROM_CONFIG, metavar="2",
                               help="2: run the two CFG branches on two ranks (1: off).")
-BatchOpt = typer.Option(None, "--batch", metavar="N|auto",
+BatchOpt = typer.Option(None, "--batch", show_default=FROM_CONFIG, metavar="N|auto",
                         help="Prompts advanced together, one forward per block for all (each "
                         "its own file); auto: ardiff chooses.")
 
@@ -156,7 +158,7 @@ def write_json_file(json_path: str, data: dict, kept: str = "") -> Optional[str]
     None. `kept` says what survives, e.g. "the video is kept; "."""
     path = Path(json_path).expanduser()
     try:
-        _write_whole(path, json.dumps(data, indent=2) + "\n")
+        write_whole(path, json.dumps(data, indent=2) + "\n")
     except TimeoutError as exc:  # a FIFO nobody reads
         return (f"--json: {str(path)!r} is a FIFO and {exc}; the stats were not written; "
                 f"{kept}start its reader first")
@@ -166,7 +168,7 @@ def write_json_file(json_path: str, data: dict, kept: str = "") -> Optional[str]
     return None
 
 
-def _write_whole(path: Path, text: str) -> None:
+def write_whole(path: Path, text: str) -> None:
     """Write `text` so a reader sees the old file or the new one, never a mix: a regular file
     (or a new one) is written beside its target (a symlink's target) and moved over it in one
     os.replace; anything else (a device such as /dev/full, a FIFO) is written directly, a FIFO

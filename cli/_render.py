@@ -48,9 +48,12 @@ def print_spec_report(report: SpecReport) -> None:
         console.print(_weights_table(report))
     if report.model_layout is not None:
         console.print(f"model folder: {report.model_layout} layout", soft_wrap=True)
-    if report.fit is not None:
+    if report.weights is None:
+        console.print("fit: no verdict: weights not declared (the pipeline has no "
+                      "weight_bytes), so what they take is unknown", soft_wrap=True)
+    elif report.fit is not None:
         console.print(*_fit_lines(report), sep="\n", soft_wrap=True)
-    elif report.weights is not None:
+    else:
         console.print("fit: unknown; give --device-memory SIZE (e.g. 24GiB) to check a device",
                       soft_wrap=True)
 
@@ -77,7 +80,7 @@ def _fit_lines(report: SpecReport) -> tuple[str, str]:
     return (f"fits in {_size(fit.memory_bytes)}: {'yes' if fit.fits else 'no'}",
             f"  needs {_size(fit.needed_bytes)}: weights on {report.device} "
             f"{_size(fit.weight_bytes)} + KV plan {_size(fit.kv_bytes)} + "
-            f"margin for activations {_size(fit.margin_bytes)}")
+            f"margin for activations {_size(fit.margin_bytes)} (an estimate)")
 
 
 def _size(num_bytes: int) -> str:

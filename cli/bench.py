@@ -81,19 +81,19 @@ def bench_command(
     no_encode: bool = typer.Option(False, "--no-encode", help="Skip the encode-share runs "
                                    "(at least 32 blocks per repeat: long on big geometries)."),
     no_compile: bool = typer.Option(False, "--no-compile",
-                                    help="Skip the compiled arm (runtime.compile)."),
+                                    help="Skip the compiled arm (torch.compile of the layers)."),
     threads: int = typer.Option(1, "--threads", help="Torch intra-op threads."),
     markdown: bool = typer.Option(False, "--markdown", help="Print the table as Markdown."),
     workers: int = typer.Option(None, "--workers", min=2, metavar="N",
-                                help="Instead: the job on 1 worker against N (ardiff.launch)."),
+                                help="Instead: the same job on 1 worker and on N worker processes."),
     batch: str = typer.Option(None, "--batch", metavar="B,B,...",
                               help="Instead: B sessions per forward for each B, e.g. 1,2,4,8 "
-                                   "(Runner.execute_batch; B=1 is the baseline)."),
+                                   "(B=1 is the baseline)."),
     overrides: options.OverrideList = options.SetOpt,
     json_path: str = typer.Option(None, "--json", metavar="PATH",
                                   help="Write the numbers as JSON to PATH ('-': stdout)."),
     preview: bool = typer.Option(False, "--preview", help="Also time the rollout with and "
-                                 "without the live preview (target: <= 5% slower)."),
+                                 "without the live preview."),
     plot: Path = typer.Option(None, "--plot", metavar="PATH", help="Also draw one rollout: "
                               "latency, KV pages, RSS, frames (.png .svg .html)."),
     debug: bool = options.DebugOpt,
@@ -104,7 +104,7 @@ def bench_command(
     The arms alternate block by block; ratios are paired per block (median, p10-p90), with
     the model thread's CPU time beside wall time. `--json PATH`, the counts and the
     lengths (within the pipeline's max_model_len) are checked before anything runs; with
-    `--json -` stdout holds the JSON alone. SIGINT, SIGTERM and SIGHUP stop the
+    `--json -` stdout holds the JSON alone. Ctrl-C, SIGTERM and SIGHUP stop the
     measurements at once (no numbers are written): exit 130. A `--plot` that cannot be
     written is exit 1, after the numbers.
     """

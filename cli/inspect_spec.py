@@ -16,7 +16,7 @@ from ardiff_cli._errors import handle_errors
 from ardiff_cli._stdout import json_stdout
 
 DeviceMemoryOpt = typer.Option(
-    None, "--device-memory", metavar="SIZE",
+    None, "--device-memory", metavar="SIZE", show_default="the device's free memory, if here",
     help="The device's memory (24GiB): say whether the weights, the KV plan and a margin "
          "for activations fit in it, and place the weights as a run there would.")
 

@@ -21,33 +21,47 @@ hold_stop_signals()  # first: a stop signal while the rest imports still ends in
 
 import typer
 
+import ardiff
 from ardiff.errors import EXIT_FAILED, EXIT_INTERRUPTED
 from ardiff_cli import _early_signals as early
 from ardiff_cli import _signals as signals
 from ardiff_cli import bench, config_schema, inspect_spec, play, rollout, serve, warmup
 from ardiff_cli._exit import leave, note_threads_at_start
+from ardiff_cli._help import Command, Group
 from ardiff_cli._stdout import STDOUT_MARK, MarkedStdout
 
 app = typer.Typer(
     name="ardiff",
-    help="Run autoregressive (block-causal) video diffusion models over a paged KV cache.",
+    cls=Group,
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, pwsh)
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
-app.command("rollout")(rollout.rollout_command)
-app.command("inspect-spec")(inspect_spec.inspect_spec_command)
-app.command("warmup")(warmup.warmup_command)
-app.command("bench")(bench.bench_command)
-app.command("config-schema")(config_schema.config_schema_command)
-app.command("play")(play.play_command)
-app.command("serve")(serve.serve_command)
+app.command("rollout", cls=Command)(rollout.rollout_command)
+app.command("inspect-spec", cls=Command)(inspect_spec.inspect_spec_command)
+app.command("warmup", cls=Command)(warmup.warmup_command)
+app.command("bench", cls=Command)(bench.bench_command)
+app.command("config-schema", cls=Command)(config_schema.config_schema_command)
+app.command("play", cls=Command)(play.play_command)
+app.command("serve", cls=Command)(serve.serve_command)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"ardiff {ardiff.__version__}")
+        raise typer.Exit()
 
 
 @app.callback()
-def _root() -> None:
-    """Exit codes: 0 ok, 1 run failed (or stdout unwritable), 2 bad usage/config/spec, 3 does
-    not fit, 130 interrupted (SIGINT, SIGTERM, SIGHUP)."""
+def _root(version: bool = typer.Option(False, "--version", is_eager=True,
+                                       callback=_print_version,
+                                       help="Print the version and exit.")) -> None:
+    """Run autoregressive (block-causal) video diffusion models over a paged KV cache.
+
+    Exit codes: 0 ok, 1 the run failed (or stdout could not be written), 2 bad usage,
+    config or spec, 3 does not fit in memory, 130 interrupted (Ctrl-C, SIGTERM, SIGHUP).
+    """
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ from ardiff.errors import ConfigError
 from ardiff_cli import _options as options
 from ardiff_cli import _signals as signals
 from ardiff_cli._errors import handle_errors
+from ardiff_cli._help import FROM_CONFIG
 from ardiff_cli._play_display import LOST_REASON, TerminalOutput, describe_keys, terminal_state
 
 DEFAULT_OUTPUT = "ardiff_play.mp4"
@@ -31,10 +32,10 @@ def play_command(
     output: str = typer.Option(DEFAULT_OUTPUT, "--output", "-o", help="The recorded video "
                                "(any rollout format: .mp4 .npy ...)."),
     actions_out: Path = typer.Option(None, "--actions-out", metavar="PATH", help="The action "
-                                     "log (default: the video's name + .actions.yaml)."),
+                                     "log.", show_default="the video's name + .actions.yaml"),
     frames: int = typer.Option(MAX_PLAY_FRAMES, "--frames", help="Most video frames to play."),
-    seed: int = typer.Option(None, "--seed", help="Noise seed (names the world)."),
-    fps: float = typer.Option(None, "--fps", help="Ticks follow this playback frame rate."),
+    seed: int = typer.Option(None, "--seed", show_default=FROM_CONFIG, help="Noise seed (names the world)."),
+    fps: float = typer.Option(None, "--fps", show_default=FROM_CONFIG, help="Ticks follow this playback frame rate."),
     device: str = options.DeviceOpt,
     dtype: str = options.DtypeOpt,
     overrides: options.OverrideList = options.SetOpt,

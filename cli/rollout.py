@@ -13,8 +13,10 @@ from ardiff_cli import _options as options
 from ardiff_cli import _picture as picture
 from ardiff_cli import _signals as signals
 from ardiff_cli._errors import handle_errors
+from ardiff_cli._help import FROM_CONFIG
 from ardiff_cli._run_report import finish_run
 from ardiff_cli._stdout import json_stdout
+from ardiff_cli._timeline import Timeline
 
 
 def _absolute(path: Optional[Path]) -> Optional[str]:
@@ -23,15 +25,15 @@ def _absolute(path: Optional[Path]) -> Optional[str]:
 
 def rollout_command(
     config: options.OptionalPath = options.OptionalConfigArg,
-    output: str = typer.Option(None, "--output", "-o",
+    output: str = typer.Option(None, "--output", "-o", show_default=FROM_CONFIG,
                                help=f"Output video: {output_choices()}."),
-    frames: int = typer.Option(None, "--frames", help="Video frames to write (per prompt)."),
-    seed: int = typer.Option(None, "--seed", help="Noise seed."),
-    prompt: str = typer.Option(None, "--prompt", help="The prompt."),
-    prompts: Path = typer.Option(None, "--prompts", help="File with one prompt per line: one "
+    frames: int = typer.Option(None, "--frames", show_default=FROM_CONFIG, help="Video frames to write (per prompt)."),
+    seed: int = typer.Option(None, "--seed", show_default=FROM_CONFIG, help="Noise seed."),
+    prompt: str = typer.Option(None, "--prompt", show_default=FROM_CONFIG, help="The prompt."),
+    prompts: Path = typer.Option(None, "--prompts", show_default=FROM_CONFIG, help="File with one prompt per line: one "
                                  "video each."),
-    actions: Path = typer.Option(None, "--actions", help="YAML list of per-block actions."),
-    fps: float = typer.Option(None, "--fps", help="Playback frame rate of the output."),
+    actions: Path = typer.Option(None, "--actions", show_default=FROM_CONFIG, help="YAML list of per-block actions."),
+    fps: float = typer.Option(None, "--fps", show_default=FROM_CONFIG, help="Playback frame rate of the output."),
     device: str = options.DeviceOpt,
     dtype: str = options.DtypeOpt,
     budget: str = options.BudgetOpt,
@@ -47,15 +49,19 @@ def rollout_command(
                                      "terminal as it runs (needs a terminal on stderr)."),
     report_path: Path = typer.Option(None, "--report", metavar="PATH", help="Draw latency, "
                                      "KV pages, RSS and frames of the run: .png .svg .html."),
+    timeline_path: Path = typer.Option(None, "--timeline", metavar="PATH", help="Write one "
+                                       "JSON line per block (start, end, denoise, commit, "
+                                       "decode and encode-wait seconds, KV pages) to PATH; "
+                                       "--json then lists them as blocks."),
     debug: bool = options.DebugOpt,
 ) -> None:
     """Generate a video block by block over the paged KV cache (no CONFIG: the embedded default).
 
-    SIGINT, SIGTERM and SIGHUP stop it (ardiff_cli._signals): while loading or warming up at
-    once, during the rollout after the block in flight. The videos are finalised with every
-    finished frame and the stats written (`interrupted by SIGTERM`), exit 130; a further
-    signal waits for that, but abandons a block the pipeline is stuck in. With `--json -`
-    stdout holds the JSON alone: what the pipeline prints goes to stderr.
+    Ctrl-C, SIGTERM and SIGHUP stop it: at once while loading or warming up, after the block
+    in flight during the rollout. The videos are finalised with every finished frame and the
+    stats written (`interrupted by SIGTERM`), exit 130; a second signal waits for that, but
+    abandons a block the pipeline is stuck in. With `--json -` stdout holds the JSON alone:
+    what the pipeline prints goes to stderr.
     """
     with signals.StopSignals() as stop_signals, json_stdout(json_path == "-") as json_out:
         with handle_errors(debug):
@@ -74,18 +80,21 @@ def rollout_command(
                 "rollout.batch": options.batch_value(batch)})
             drawing = picture.RunPicture(report_path, "--report")
             options.check_command_paths(run_config, config, json_path,
-                                        [("--report", report_path)])
+                                        [("--report", report_path),
+                                         ("--timeline", timeline_path)])
+            timeline = Timeline(timeline_path)
             stop = RolloutStop()
             stop_signals.follow(stop)
             show = progress.wants_progress(no_progress or quiet)
             frames_on = preview.wants_preview(show_frames, quiet, json_path)
             with preview.rollout_display(show, frames_on, run_config.output.fps) as bar:
                 stop_signals.when_stuck(bar, lambda stuck: finish_run(  # ardiff_cli._signals
-                    stuck, json_path, quiet, debug, drawing.write(stuck), json_out))
-                report = run_job(run_config, on_event=drawing.follow(bar.update), stop=stop)
+                    stuck, json_path, quiet, debug, drawing.write(stuck), json_out, timeline))
+                report = run_job(run_config, on_event=timeline.follow(
+                    drawing.follow(bar.update)), stop=stop)
         stop_signals.hold()  # the stats and the summary are written whatever comes now
         if stop_signals.received and report.status == "ok":
             print(f"{stop_signals.received} came too late to stop anything: the run completed",
                   file=sys.stderr)
-        finish_run(report, json_path, quiet, debug, drawing.write(report), json_out)
+        finish_run(report, json_path, quiet, debug, drawing.write(report), json_out, timeline)
 

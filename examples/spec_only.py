@@ -3,8 +3,9 @@
 This is the geometry Self-Forcing and CausVid run (480x832 video -> 60x104
 latents, 2x2 patches -> 1560 tokens per latent frame; 30 layers of 12 heads of
 128; 3 latent frames per AR block; a 21-frame window; 512 text tokens of
-cross-attention). No weights: it exists so that `ardiff inspect-spec` can show
-what such a model costs on a given machine. `generate_block` refuses to run.
+cross-attention) and the bytes its weights take. No weights: it exists so that `ardiff
+inspect-spec` can show what such a model costs on a given machine. `generate_block`
+refuses to run.
 
     ardiff inspect-spec examples/wan_spec_only.yaml --budget 40GiB
 """
@@ -17,6 +18,9 @@ WAN_1_3B = dict(num_layers=30, num_kv_heads=12, head_size=128, tokens_per_frame=
                 frames_per_block=3)
 TEXT_TOKENS = 512   # umT5 context length used by Wan's cross-attention
 ROPE_FRAMES = 1024  # Wan's rotary table covers 1024 positions along time
+# Bytes of the three models in bfloat16, as ardiff.pipelines.causal_wan counts them.
+WAN_1_3B_BF16_BYTES = {"transformer": 2_844_248_192, "text_encoder": 11_361_820_672,
+                       "vae": 253_785_062}
 
 
 class WanSpecOnly(ardiff.ARDiffusionPipelineBase):
@@ -42,6 +46,16 @@ class WanSpecOnly(ardiff.ARDiffusionPipelineBase):
             kv_branches=tuple(ardiff.ARDiffusionKVBranchSpec(name, i) for i, name in enumerate(names)),
             cross_attention=(ardiff.ARDiffusionCrossAttentionKVSpec("text", TEXT_TOKENS),),
         )
+
+    def weight_bytes(self, dtype: str) -> dict[str, int]:
+        """What Wan2.1-1.3B's weights take (its bfloat16 sizes, scaled to `dtype`): the fit
+        counts them; a pipeline that declares none gets no fit verdict."""
+        scale = {"bfloat16": 1.0, "float16": 1.0, "float32": 2.0}[dtype]
+        return {name: int(n * scale) for name, n in WAN_1_3B_BF16_BYTES.items()}
+
+    def activation_bytes(self, dtype: str) -> int:
+        """One block's activations beside the weights (a VAE decode at 832x480): an estimate."""
+        return 2 * 2**30
 
     def generate_block(self, request: ardiff.RolloutRequest,
                        state: ardiff.ARDiffusionKVState) -> ardiff.BlockOutput:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import signal
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from packaging.requirements import Requirement
+from extras import extra_skip_reason, hide_extras, missing_extra_packages
 from typer.testing import CliRunner, Result
 
 PIPELINES_FILE = Path(__file__).parent / "support" / "spec_pipelines.py"
@@ -29,6 +28,17 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(cores, MAX_TEST_WORKERS))
 
 
+def pytest_addoption(parser) -> None:
+    parser.addoption("--without-extras", action="store_true",
+                     help="run as a [test]-only install would: the extras' packages are hidden "
+                          "(tests/test_extras.py)")
+
+
+def pytest_configure(config) -> None:
+    if config.getoption("--without-extras"):
+        hide_extras()
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: every collected test is seen
 def pytest_collection_modifyitems(items) -> None:
     """A `heavy` test is `slow` too, so `-m "not slow"` (which replaces addopts'
@@ -41,36 +51,6 @@ def pytest_collection_modifyitems(items) -> None:
             missing = missing_extra_packages(*mark.args)
             if missing:
                 item.add_marker(pytest.mark.skip(reason=extra_skip_reason(mark.args[0], missing)))
-
-
-def extra_packages(extra: str) -> list[str]:
-    """The distributions ardiff's optional extra `extra` installs, read from the installed
-    ardiff's metadata (pyproject.toml's optional-dependencies: one list, not a second copy)."""
-    names = []
-    for line in importlib.metadata.requires("ardiff") or []:
-        requirement = Requirement(line)
-        if requirement.marker is not None and requirement.marker.evaluate({"extra": extra}):
-            names.append(requirement.name)
-    if not names:
-        raise ValueError(f"pytest.mark.extra({extra!r}): pyproject.toml has no such extra")
-    return names
-
-
-def missing_extra_packages(*extras: str) -> list[str]:
-    """The packages of `extras` that are not installed (empty: the test can run)."""
-    missing = []
-    for extra in extras:
-        for name in extra_packages(extra):
-            try:
-                importlib.metadata.version(name)
-            except importlib.metadata.PackageNotFoundError:
-                missing.append(name)
-    return missing
-
-
-def extra_skip_reason(extra: str, missing: list[str]) -> str:
-    """The one skip reason a missing extra gives (tests/test_extras.py holds the suite to it)."""
-    return f"needs the '{extra}' extra ({', '.join(missing)} missing): pip install 'ardiff[{extra}]'"
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ UPWARD = {
     "ardiff/sizes.py": ("ardiff.sizes", "ardiff.config.run"),
 }
 
-pytestmark = pytest.mark.skipif(not LINT.exists(), reason="import-linter is not installed")
+pytestmark = pytest.mark.extra("lint")
 
 
 def lint(root: Path) -> subprocess.CompletedProcess:

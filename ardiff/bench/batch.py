@@ -18,7 +18,6 @@ how many sessions each forward served.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ import torch
 
 from ardiff.bench.arms import Times, block_request, fill_blocks
 from ardiff.bench.lengths import check_batch_sizes, check_counts, check_positions
-from ardiff.bench.report import load_average
+from ardiff.bench.machine import load_average, machine_record
 from ardiff.bench.run import _eager, _with_runtime, block_order
 from ardiff.bench.spread import Spread, paired_ratios
 from ardiff.config.run import RunConfig
@@ -132,6 +131,8 @@ class BatchBenchReport:
                 "forwards": {str(k): v for k, v in sorted(arm.forwards.items())},
                 "block_wall_s": _spread(arm.times.wall_s),
                 "block_cpu_s": _spread(arm.times.cpu_s),
+                "blocks": {"wall_s": list(arm.times.wall_s), "cpu_s": list(arm.times.cpu_s),
+                           "frames": list(arm.frames_made)},  # one entry per timed block
                 "frames_per_s": _spread(per_s),
                 "frames": sum(arm.frames_made),
                 "speedup": {kind: None if s is None else s.to_dict()
@@ -145,8 +146,7 @@ class BatchBenchReport:
             "mode": "batch", "blocks": self.blocks, "repeats": self.repeats,
             "pipeline": self.pipeline, "batched": self.batched,
             "notice": None if self.batched else NO_BATCHES,
-            "machine": {"cpus": os.cpu_count(), "torch_threads": self.threads,
-                        "load_before": self.load_before, "load_after": self.load_after},
+            "machine": machine_record(self.threads, self.load_before, self.load_after),
             "sizes": sizes, "warmup_s": self.warmup_s, "peak_rss_bytes": self.peak_rss_bytes,
         }
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from ardiff.bench.arms import Arm
+from ardiff.bench.machine import load_average, machine_record
 from ardiff.bench.spread import Spread, paired_ratios
 from ardiff.kv.backends import DEFAULT_BACKEND, backend_names, reference_backend
 
@@ -17,11 +17,6 @@ RATIOS = (*((f"{name}/{reference_backend()}", name, reference_backend())
             for name in backend_names() if name != reference_backend()),
           ("ardiff/reference", DEFAULT_BACKEND, "reference"),
           ("eager/compiled", DEFAULT_BACKEND, "compiled"))
-
-
-def load_average() -> list[float]:
-    """The 1, 5 and 15 minute load averages of the machine (what else runs beside the bench)."""
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 @dataclass
@@ -62,8 +57,7 @@ class BenchReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "blocks": self.blocks, "repeats": self.repeats,
-            "machine": {"cpus": os.cpu_count(), "torch_threads": self.threads,
-                        "load_before": self.load_before, "load_after": self.load_after},
+            "machine": machine_record(self.threads, self.load_before, self.load_after),
             "arms": {name: _arm_dict(arm, self.kv_bytes_allocated.get(name), self.plan_min_bytes)
                      for name, arm in self.arms.items()},
             "unavailable": dict(self.unavailable),
@@ -93,5 +87,7 @@ class BenchReport:
 def _arm_dict(arm: Arm, kv_bytes: int | None, plan_min_bytes: int) -> dict[str, Any]:
     return {"wall_s": Spread.of(arm.times.wall_s).to_dict(),
             "cpu_s": Spread.of(arm.times.cpu_s).to_dict(),
+            "blocks": {"wall_s": list(arm.times.wall_s),  # one entry per timed block, in order
+                       "cpu_s": list(arm.times.cpu_s)},
             "kv_bytes_allocated": kv_bytes,
             "kv_bytes_vs_plan_min": None if kv_bytes is None else kv_bytes / plan_min_bytes}

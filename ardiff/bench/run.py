@@ -22,10 +22,16 @@ import torch
 from ardiff.bench import encode as encode_share
 from ardiff.bench.arms import Arm, LoopArm, RunnerArm
 from ardiff.bench.lengths import check_counts, check_positions
+from ardiff.bench.machine import load_average
 from ardiff.bench.references import reference_loop
-from ardiff.bench.report import RATIOS, BenchReport, load_average
+from ardiff.bench.report import RATIOS, BenchReport
 from ardiff.config.run import RunConfig, with_base_dir
-from ardiff.engine.build import ResolvedPipeline, build_runner, resolve
+from ardiff.engine.build import (
+    ResolvedPipeline,
+    build_runner,
+    resolve,
+    shutdown_compile_threads,
+)
 from ardiff.engine.runner import Runner
 from ardiff.kv.backends import DEFAULT_BACKEND, backend_names
 from ardiff.rollout.inputs import pipeline_actions, read_actions
@@ -75,6 +81,7 @@ def run_bench(config: RunConfig, blocks: int = 8, repeats: int = 3,
     finally:
         for runner in runners.values():
             runner.close()
+        shutdown_compile_threads()
         torch.set_num_threads(previous_threads)
 
 
@@ -118,9 +125,13 @@ def _warm_up(runners: dict[str, Runner], unavailable: dict[str, str],
     fails is closed and dropped, and `unavailable` says why: compiling is the arm on trial."""
     warmup_s = {}
     for name, runner in list(runners.items()):
-        say(f"warmup: {name}")
+        compiling = name == "compiled"
+        say("compiling the layers (torch.compile; a minute or more on a CPU)..." if compiling
+            else f"warmup: {name}")
         try:
             warmup_s[name] = runner.warmup().total_s
+            if compiling:
+                say(f"compiled in {warmup_s[name]:.1f} s")
         except Exception as exc:
             if name != "compiled":
                 raise

@@ -14,6 +14,7 @@ A field's docstring is its description in the JSON Schema (`config_json_schema`)
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import re
 from dataclasses import field
@@ -31,6 +32,7 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     StrictStr,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -354,6 +356,13 @@ def config_json_schema() -> dict[str, Any]:
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
     """Read a YAML run config (None: the embedded default) and apply `--set` overrides."""
+    data, base_dir = read_config_data(path)
+    return build_config(data, overrides, base_dir)
+
+
+def read_config_data(path: str | Path | None) -> tuple[dict[str, Any], Path]:
+    """A YAML run config's plain data (None: the embedded default's) and the folder its
+    relative paths resolve against; not validated yet (`build_config` does)."""
     if path is None:
         text = resources.files("ardiff.configs").joinpath(DEFAULT_CONFIG_NAME).read_text()
         data, base_dir = parse_yaml(text, "<embedded default.yaml>"), Path.cwd()
@@ -369,7 +378,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
                               f"({type(exc).__name__}: {shorten(str(exc))}); "
                               f"give a UTF-8 YAML file") from exc
         data, base_dir = parse_yaml(text, shorten(str(path))), path.resolve().parent
-    return build_config(data, overrides, base_dir)
+    return data, base_dir
 
 
 def _is_file(path: Path) -> bool:
@@ -407,6 +416,16 @@ def build_config(data: dict[str, Any], overrides: list[str] = (),
     for override in overrides:
         apply_override(data, override)
     return with_base_dir(schema.validate(RunConfig, data), base_dir)
+
+
+def with_rollout(config: RunConfig, **changes: Any) -> RunConfig:
+    """A copy of `config` with `rollout` keys changed, validated as the file's would be
+    (a `ConfigError` naming `rollout.<key>`); the base folder is kept."""
+    try:
+        rollout = dataclasses.replace(config.rollout, **changes)
+    except ValidationError as exc:
+        raise ConfigError(f"rollout.{schema.config_error(exc, RolloutConfig)}") from exc
+    return with_base_dir(dataclasses.replace(config, rollout=rollout), config.base_dir)
 
 
 def with_base_dir(config: RunConfig, base_dir: Path) -> RunConfig:

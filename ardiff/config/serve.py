@@ -55,3 +55,7 @@ class ServeConfig:
     """Quality of the JPEG frames sent to clients (image: jpeg)."""
     retry_after_s: Annotated[StrictInt, Field(ge=1, le=3600)] = 5
     """The Retry-After of a refused session (503)."""
+    stop_timeout_s: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False,
+                                           strict=True)] = 30.0
+    """At a stop, how long the forwards in flight may still run; a forward stuck past it
+    fails its sessions (their videos finished) and the server exits all the same."""

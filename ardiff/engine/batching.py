@@ -81,11 +81,12 @@ def check_batch(requests: list[RolloutRequest], capacity: int, batch_rows: int,
 
 def forward_batch(pipeline: ARDiffusionPipeline, cache: KVCacheBase[Any],
                   requests: list[RolloutRequest], bind: Bind,
-                  stage: list[str]) -> list[BlockOutput]:
+                  stage: list[str], stage_times: list[dict[str, float]] | None = None,
+                  ) -> list[BlockOutput]:
     """generate_blocks inside every session's bind (entered in request order, exited in
     reverse); every state is closed when the binds end, as the one-session forward closes
     its one. `stage[0]` says what runs (for the error). Returns one output per request
-    (unchecked beyond the count)."""
+    (unchecked beyond the count); `stage_times` gets each state's `stage_s`."""
     states: list[KVState] = []
     raised: BaseException | None = None
     left_open: list[str] = []
@@ -105,6 +106,8 @@ def forward_batch(pipeline: ARDiffusionPipeline, cache: KVCacheBase[Any],
     finally:
         for state in states:
             left_open += [f"{what} (session {state.session_id!r})" for what in state.close()]
+            if stage_times is not None:
+                stage_times.append(dict(state.stage_s))
     stage[0] = "generate_blocks"  # what the errors below are about
     if raised is not None:  # a bind's __exit__ swallowed it: the blocks never finished
         raise PipelineError(f"a bind_ar_diffusion_state suppressed {type(raised).__name__}: "

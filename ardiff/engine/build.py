@@ -36,6 +36,7 @@ from ardiff.engine.loader import args_base_note, build_pipeline, get_spec
 from ardiff.engine.placement import (
     MemoryFit,
     WeightPlan,
+    activation_margin,
     fits_in,
     get_weight_bytes,
     place_weights,
@@ -68,21 +69,27 @@ class ResolvedPipeline:
         sessions of one batched forward (a block in flight each), fewer where the budget
         would then keep fewer sessions than rows (never below 1)."""
         runtime = self.config.runtime
-        while True:
+
+        def plan_for(rows: int) -> KVPlan:
+            return make_plan(self.spec, dtype, DTYPE_BYTES[dtype],
+                             runtime.memory_budget.resolve(free_bytes),
+                             page_tokens=runtime.kv.page_tokens,
+                             max_sessions=runtime.max_sessions,
+                             stores_registers=stores_registers, batch_rows=rows)
+
+        def holds(rows: int) -> bool:  # fewer rows never hold fewer sessions
             try:
-                plan = make_plan(self.spec, dtype, DTYPE_BYTES[dtype],
-                                 runtime.memory_budget.resolve(free_bytes),
-                                 page_tokens=runtime.kv.page_tokens,
-                                 max_sessions=runtime.max_sessions,
-                                 stores_registers=stores_registers, batch_rows=batch_rows)
+                return plan_for(rows).session_capacity >= rows
             except CapacityError:
-                if batch_rows == 1:
-                    raise
-                batch_rows = max(1, batch_rows // 2)
-                continue
-            if plan.session_capacity >= batch_rows:
-                return plan
-            batch_rows = plan.session_capacity  # as many rows as sessions then fit
+                return False
+
+        if batch_rows == 1 or holds(batch_rows):
+            return plan_for(batch_rows)
+        low, high = 1, batch_rows - 1  # the most rows that still hold as many sessions
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if holds(middle) else (low, middle - 1)
+        return plan_for(low)
 
 
 def resolve(config: RunConfig, pipeline: ARDiffusionPipeline | None = None,
@@ -115,7 +122,7 @@ class SpecReport:
     workers: int = 1          # runtime.parallel: data-parallel replicas...
     cfg: int = 1              # ... of this many ranks each
     weights: WeightPlan | None = None  # None: the pipeline declares no weight_bytes
-    fit: MemoryFit | None = None       # None: the device's memory is not known
+    fit: MemoryFit | None = None       # None: the memory or the weights are not known
     model_layout: str | None = None    # the pipeline's `model_layout`, when it names one
 
     @property
@@ -134,7 +141,8 @@ class SpecReport:
     def to_dict(self) -> dict[str, Any]:
         """The `inspect-spec --json` object; `parallel` only when runtime.parallel asks for
         several ranks (then `memory` is one rank's plan), `weights` only for a pipeline
-        that declares them, `fit` only when the device's memory is known."""
+        that declares them (`weights_declared`), `fit` only when the device's memory and
+        the weights are both known."""
         eff = self.effective
         parallel = {"parallel": {"workers": self.workers, "cfg": self.cfg,
                                  "ranks": self.num_ranks,
@@ -152,6 +160,7 @@ class SpecReport:
             },
             "memory": self.plan.to_dict(),
             **(parallel if self.num_ranks > 1 else {}),
+            "weights_declared": self.weights is not None,
             **({"weights": self.weights.to_dict()} if self.weights is not None else {}),
             **({"fit": self.fit.to_dict()} if self.fit is not None else {}),
             **({"model_layout": self.model_layout} if self.model_layout is not None else {}),
@@ -175,28 +184,38 @@ def inspect_spec(config: RunConfig, device_memory: int | None = None) -> SpecRep
     dtype = resolve_dtype(runtime.dtype, device)
     registers = stores_registers(config, config.runtime.kv.backend)
     parts = get_weight_bytes(resolved.pipeline, dtype)
+    if parts is None:  # weights not declared: no fit verdict, whatever the device's memory
+        device_memory = None
     memory = device_memory if device_memory is not None or parts is None else (
         _measured_memory(config.runtime.device))
-    fits = None if memory is None else _fits(resolved, memory, dtype, registers)
+    fits = None if memory is None else _fits(resolved, memory, dtype, registers, device)
     weights = None if parts is None else place_weights(resolved.pipeline, parts, device, fits)
     on_device = 0 if weights is None else weights.device_bytes
     free = _free_bytes_for_dry_run(config) if memory is None else max(memory - on_device, 0)
     plan = resolved.plan(free, dtype, registers)
-    fit = None if memory is None else MemoryFit(memory, on_device, plan.total_bytes)
+    margin = activation_margin(resolved.pipeline, dtype, device)(on_device)
+    fit = None if memory is None else MemoryFit(memory, on_device, plan.total_bytes, margin)
     layout = getattr(resolved.pipeline, "model_layout", None)  # e.g. causal-Wan's folder
     return SpecReport(resolved.declared, plan, device, parallel.workers, parallel.cfg,
                       weights, fit, layout if isinstance(layout, str) else None)
 
 
 def _fits(resolved: ResolvedPipeline, memory_bytes: int, dtype: str, registers: bool,
-          batch_rows: int = 1) -> Callable[[int], bool]:
-    """`fits_in` with the KV plan the run would make from the memory the weights leave."""
+          device: str, batch_rows: int = 1) -> Callable[[int], bool]:
+    """`fits_in` with the KV plan the run would make from the memory the weights leave and
+    the pipeline's activation margin on `device`."""
     return fits_in(memory_bytes, lambda free: resolved.plan(
-        free, dtype, registers, batch_rows=batch_rows).total_bytes)
+        free, dtype, registers, batch_rows=batch_rows).total_bytes,
+        activation_margin(resolved.pipeline, dtype, device))
 
 
 def _measured_memory(device: str) -> int | None:
-    """The device's free memory now, or None when it is not on this machine."""
+    """The device's free memory now, or None when it is not on this machine, or when torch is
+    not imported yet: inspect-spec imports it only if the pipeline's module does."""
+    import sys
+
+    if "torch" not in sys.modules:
+        return None
     try:
         return free_memory_bytes(resolve_device(device))
     except ConfigError:
@@ -268,7 +287,7 @@ def _place_weights(resolved: ResolvedPipeline, device: str, dtype: str,
         return
     parts = get_weight_bytes(resolved.pipeline, dtype)
     if parts is not None:
-        fits = _fits(resolved, free_memory_bytes(device), dtype, registers, batch_rows)
+        fits = _fits(resolved, free_memory_bytes(device), dtype, registers, device, batch_rows)
         place_weights(resolved.pipeline, parts, device, fits)
 
 
@@ -313,6 +332,21 @@ def compile_layers(pipeline: ARDiffusionPipeline, entry: str) -> None:
     except Exception as exc:
         raise PipelineError(f"pipeline: compile_layers raised {type(exc).__name__}: "
                             f"{shorten(str(exc))}") from exc
+
+
+def shutdown_compile_threads() -> None:
+    """End the threads Inductor keeps for compiling (a pool it never shuts down itself), once
+    no runner compiles any more: a command must not end with threads of ours running."""
+    import sys
+
+    module = sys.modules.get("torch._inductor.async_compile")
+    if module is None:  # nothing was compiled
+        return
+    pool = module.AsyncCompile.pool
+    if pool.cache_info().currsize:
+        pool().shutdown(wait=True)
+        pool.cache_clear()
+    module.shutdown_compile_workers()
 
 
 def _load(pipeline: ARDiffusionPipeline, device: str, dtype: str) -> None:

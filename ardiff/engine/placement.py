@@ -7,7 +7,7 @@
     device memory  |== weights on the device ==|== KV plan ==|== margin ==|.. spare ..|
 
 `fits` (`fits_in`) is ardiff's arithmetic (weights on the device + the KV plan they leave
-room for + `ACTIVATION_MARGIN_BYTES` <= the device's memory); which parts move off the
+room for + an estimated margin, `activation_margin` <= the device's memory); which parts move off the
 device when it does not hold is the pipeline's choice. Both hooks are optional: without
 `weight_bytes` there are no weights to show, without `place_weights` every part lives on
 the run device.
@@ -23,12 +23,15 @@ from ardiff.errors import ArdiffError, CapacityError, ConfigError, PipelineLoadE
 from ardiff.sizes import MemoryBudget
 from ardiff.text import short_repr, shorten
 
-# Room kept free for what a forward allocates beside the weights and the KV cache: the
-# CUDA context and library workspaces (~1 GiB) and one block's activations, of which a
-# video VAE's decode at full resolution is the largest (causal-Wan at 832x480: a few
-# tensors of 96 channels x 4 frames x 480 x 832, ~0.3 GiB each). An estimate, not a
-# measurement: docs/causal-wan.md#where-the-text-encoder-runs shows how it is used.
-ACTIVATION_MARGIN_BYTES = 3 * 2**30
+# Room kept free for what a forward allocates beside the weights and the KV cache: an
+# estimate, never a measurement. On CUDA, the context and library workspaces
+# (`CUDA_CONTEXT_BYTES`, ~1 GiB); then one block's activations: the pipeline's
+# `activation_bytes(dtype)` where it declares them (causal-Wan: a video VAE's decode at full
+# resolution), else a quarter of its weights on the device (`activation_margin`).
+CUDA_CONTEXT_BYTES = 2**30
+ACTIVATIONS_PER_WEIGHT = 0.25  # activations estimated as this share of the weights on the device
+MIN_ACTIVATION_BYTES = 64 * 2**20  # ... and never below this (torch's working buffers, a frame)
+ACTIVATION_MARGIN_BYTES = 3 * 2**30  # the margin of a model that says nothing else (tests)
 AUTO = "auto"  # a part whose place needs the device's memory, when it is not known
 PARTS_EXAMPLE = "{'transformer': 2844248192}"
 
@@ -101,17 +104,36 @@ def parse_device_memory(value: str) -> int:
     return memory.num_bytes
 
 
-def fits_in(memory_bytes: int, kv_bytes_for: Callable[[int], int]) -> Callable[[int], bool]:
+def fits_in(memory_bytes: int, kv_bytes_for: Callable[[int], int],
+            margin_for: Callable[[int], int] = lambda weight_bytes: ACTIVATION_MARGIN_BYTES,
+            ) -> Callable[[int], bool]:
     """`fits(weight_bytes)`: do that many bytes of weights on the device, the KV plan made
     with the memory they leave (`kv_bytes_for(free_bytes)`; a `CapacityError` there: not one
-    session) and the margin fit `memory_bytes`?"""
+    session) and the margin (`margin_for(weight_bytes)`) fit `memory_bytes`?"""
     def fits(weight_bytes: int) -> bool:
         try:
             kv_bytes = kv_bytes_for(max(memory_bytes - weight_bytes, 0))
         except CapacityError:
             return False
-        return MemoryFit(memory_bytes, weight_bytes, kv_bytes).fits
+        return MemoryFit(memory_bytes, weight_bytes, kv_bytes, margin_for(weight_bytes)).fits
     return fits
+
+
+def activation_margin(pipeline: object, dtype: str, device: str) -> Callable[[int], int]:
+    """`margin(weight_bytes_on_device)`: the estimate of what a forward needs beside weights
+    and KV on `device` (see `CUDA_CONTEXT_BYTES`): the pipeline's `activation_bytes(dtype)`,
+    else `ACTIVATIONS_PER_WEIGHT` of its weights there (at least `MIN_ACTIVATION_BYTES`);
+    plus the CUDA context on CUDA."""
+    context = CUDA_CONTEXT_BYTES if device.startswith("cuda") else 0
+    hook = getattr(pipeline, "activation_bytes", None)
+    if callable(hook):
+        declared = _call(hook, f"activation_bytes({dtype!r})", dtype)
+        if type(declared) is not int or declared < 0:
+            raise PipelineLoadError(f"pipeline: activation_bytes({dtype!r}) returned "
+                                    f"{short_repr(declared)}; it must return bytes, an int >= 0")
+        return lambda weight_bytes: context + declared
+    return lambda weight_bytes: context + max(MIN_ACTIVATION_BYTES,
+                                              int(weight_bytes * ACTIVATIONS_PER_WEIGHT))
 
 
 def get_weight_bytes(pipeline: object, dtype: str) -> dict[str, int] | None:

@@ -5,6 +5,8 @@
     runner.execute(request)           one AR block of one session -> BlockResult(output, latency)
     runner.execute_batch(requests)    one block of each session, one forward where the pipeline
                                       has generate_blocks -> [BlockResult], in request order
+    runner.execute_rows(requests)     the same, each row's result or error: a forward that
+                                      failed before committing runs each row again alone
     runner.fail_block(sid, k, exc)    a block whose error surfaced at a later device wait
     runner.stats()                    latencies, session counts, pages; it never prints
 
@@ -17,7 +19,8 @@ queued (its latency is read later: `ardiff.engine.timing`); an error the device 
 surfaces at the next wait, and whoever sees it calls `fail_block`
 (docs/design.md#5-runner-and-sessions). A batch enters every session's bind, in request
 order, around one `generate_blocks(requests, KVStateBatch(states))`; it fails closed as a
-whole: every session of a batch whose forward raised is released, the others untouched.
+whole: every session of a batch whose forward raised is released, the others untouched
+(`execute_rows`: unless nothing was committed, when each row runs again on its own).
 """
 
 from __future__ import annotations
@@ -57,10 +60,16 @@ class BlockResult:
 
     output: BlockOutput
     latency: Latency
+    started_s: float = 0.0   # time.perf_counter() when its forward began
+    stages_s: dict[str, float] = field(default_factory=dict)  # KVState.stage_s: host seconds
 
     @property
     def latency_s(self) -> float:
         return seconds(self.latency)
+
+
+class _NothingCommitted(Exception):
+    """A batched forward failed before any session's history moved (`execute_rows`)."""
 
 
 @dataclass
@@ -117,7 +126,8 @@ class Runner:
         self.batch_sizes[1] += 1
         return result
 
-    def execute_batch(self, requests: Sequence[RolloutRequest]) -> list[BlockResult]:
+    def execute_batch(self, requests: Sequence[RolloutRequest],
+                      isolate: bool = False) -> list[BlockResult]:
         """One AR block of each request's session, results in request order.
 
         A pipeline with `generate_blocks` runs them in one forward (one request: `execute`);
@@ -131,12 +141,43 @@ class Runner:
             return [self.execute(request) for request in requests]
         self._check_open()
         check_batch(requests, self.sessions.capacity, self.plan.batch_rows, WARMUP_SESSION_ID)
-        results = self._run_batch(requests)
+        results = self._run_batch(requests, isolate)
         self.block_latencies_s.extend(result.latency for result in results)
         self.batch_sizes[len(requests)] += 1
         return results
 
-    def _run_batch(self, requests: list[RolloutRequest]) -> list[BlockResult]:
+    def execute_rows(self, requests: Sequence[RolloutRequest]
+                     ) -> list[BlockResult | Exception]:
+        """As `execute_batch`, each row's result or error in its place: a failed forward
+        that committed nothing (no session's history moved) runs each request again on its
+        own, so a failing row fails (and releases) its own session only. One that did
+        commit fails every row, as `execute_batch` does."""
+        requests = list(requests)
+        if len(requests) <= 1 or not supports_batches(self.pipeline):
+            return [self._alone(request) for request in requests]
+        try:
+            return list(self.execute_batch(requests, isolate=True))
+        except _NothingCommitted:
+            return [self._alone(request) for request in requests]
+        except Exception as exc:  # noqa: BLE001 - the forward committed: every row failed
+            return [exc] * len(requests)
+
+    def session_pages(self, session_id: str) -> int:
+        """KV pages the session holds now (0: not resident, or a cache without pages)."""
+        return self.cache.session_pages(session_id)
+
+    def _alone(self, request: RolloutRequest) -> BlockResult | Exception:
+        try:
+            return self.execute(request)
+        except Exception as exc:  # noqa: BLE001 - that row's: its session was released
+            return exc
+
+    def _committed(self, requests: list[RolloutRequest]) -> list[int]:
+        return [self.cache.num_committed_frames(request.session_id, branch.name)
+                for request in requests for branch in self.cache.spec.kv_branches]
+
+    def _run_batch(self, requests: list[RolloutRequest],
+                   isolate: bool = False) -> list[BlockResult]:
         for request in requests:  # resets first: the reset hook runs on every reset
             if request.reset:
                 self._release(request.session_id, Release.RESET)
@@ -145,14 +186,21 @@ class Runner:
             if request.clear_cross_kv:
                 for branch in self.cache.spec.kv_branches:
                     self.cache.cross.clear(request.session_id, branch.name)
+        committed = self._committed(requests) if isolate else []
+        started, stage_times = time.perf_counter(), list[dict[str, float]]()
         timer = start_timer(self.device, self.event_factory)
         stage = ["bind_ar_diffusion_state"]
         try:
-            outputs = forward_batch(self.pipeline, self.cache, requests, self._bind, stage)
+            outputs = forward_batch(self.pipeline, self.cache, requests, self._bind, stage,
+                                    stage_times)
             stage[0] = "generate_blocks' outputs"
             for info, request, output in zip(infos, requests, outputs):
                 info.frame_size = self._check_output(info, request, output)
-        except BaseException as exc:
+        except Exception as exc:
+            if isolate and self._committed(requests) == committed:
+                raise _NothingCommitted from exc  # nothing released: each runs again alone
+            self._fail_batch(requests, exc, stage[0])
+        except BaseException as exc:  # an interrupt: the batch ends, as always
             self._fail_batch(requests, exc, stage[0])
         latency = stop_timer(timer, self.event_factory)
         for info in infos:
@@ -160,7 +208,8 @@ class Runner:
         for request in requests:
             if request.close_session:
                 self._release(request.session_id, Release.CLOSED)
-        return [BlockResult(output, latency) for output in outputs]
+        return [BlockResult(output, latency, started, stages)
+                for output, stages in zip(outputs, stage_times)]
 
     def _admit_batch(self, session_ids: list[str]) -> list[SessionInfo]:
         """Admit every session; the batch's resident ones become the most recently used
@@ -194,10 +243,11 @@ class Runner:
         if request.clear_cross_kv:
             for branch in self.cache.spec.kv_branches:
                 self.cache.cross.clear(sid, branch.name)
+        started, stages = time.perf_counter(), dict[str, float]()
         timer = start_timer(self.device, self.event_factory)
         stage = ["bind_ar_diffusion_state"]  # what was running when an exception came
         try:
-            output = self._forward(request, stage)
+            output = self._forward(request, stage, stages)
             info.frame_size = self._check_output(info, request, output)
         except BaseException as exc:
             self._fail(sid, request.block_index, exc, stage[0])
@@ -205,11 +255,13 @@ class Runner:
         info.blocks += 1
         if request.close_session:
             self._release(sid, Release.CLOSED)
-        return BlockResult(output, latency)
+        return BlockResult(output, latency, started, stages)
 
-    def _forward(self, request: RolloutRequest, stage: list[str]) -> BlockOutput:
+    def _forward(self, request: RolloutRequest, stage: list[str],
+                 stages: dict[str, float]) -> BlockOutput:
         """generate_block inside the pipeline's bind; the state is closed when the bind ends,
-        and a KV block the pipeline entered and never exited with it (a failed forward)."""
+        and a KV block the pipeline entered and never exited with it (a failed forward).
+        `stages` gets the state's stage times."""
         state = open_state(self.cache, request.session_id)
         raised: BaseException | None = None
         try:
@@ -223,6 +275,7 @@ class Runner:
                 stage[0] = "bind_ar_diffusion_state"  # its exit
         finally:
             left_open = state.close()
+            stages.update(state.stage_s)
         if raised is not None:  # the bind's __exit__ swallowed it: the block never finished
             raise PipelineError(f"session {request.session_id!r} block {request.block_index}: "
                                 f"bind_ar_diffusion_state suppressed {type(raised).__name__}: "
@@ -332,6 +385,10 @@ class Runner:
         if errors:
             raise PipelineError(f"closing the runner: {type(errors[0]).__name__}: "
                                 f"{errors[0]}") from errors[0]
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
 
     def _check_open(self) -> None:
         if self._closed:

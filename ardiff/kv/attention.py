@@ -25,7 +25,8 @@ def attend_stacked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    scale: float | None = None) -> torch.Tensor:
     """`attend` for B rows of equal key count, in one call: row i of q attends to row i of
     k/v only. q: [B, q_tokens, q_heads, hs]; k, v: [B, kv_tokens, kv_heads, hs]. Returns
-    [B, q_tokens, q_heads, hs], each row equal to `attend` of that row (CPU: bit-equal)."""
+    [B, q_tokens, q_heads, hs], each row equal to `attend` of that row (within the bounds across kernels: another
+    batch size may take another kernel)."""
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                          v.transpose(1, 2), scale=scale,
                                          enable_gqa=q.shape[2] != k.shape[2])

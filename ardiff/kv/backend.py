@@ -139,6 +139,15 @@ class KVCacheBase(Generic[BranchT]):
     def has_session(self, session_id: str) -> bool:
         return session_id in self._sessions
 
+    def session_pages(self, session_id: str) -> int:
+        """Pages the session's branches hold now (0: not resident, or branches without a
+        page table)."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            return 0
+        return sum(getattr(getattr(branch, "table", None), "num_pages", 0)
+                   for branch in session.branches.values())
+
     def num_committed_frames(self, session_id: str, branch: str) -> int:
         session = self._sessions.get(session_id)
         return 0 if session is None else session.num_committed_frames(branch)
@@ -195,7 +204,7 @@ def attend_rows(cache: KVCacheBase[Any], rows: list[RowKV], layer: int, q: torch
     returns [B, q_tokens, q_heads, hs] (docs/design.md#batched-blocks).
 
     Rows with the same key count go through the kernel's stacked form in one call (equal
-    to row-by-row attends: CPU's SDPA is bit-equal); a row alone in its key count, a
+    to row-by-row attends within the bounds across kernels, docs/development.md); a row alone in its key count, a
     kernel without a stacked form, or a group past STACKED_MAX_BYTES goes row by row,
     as the single attend does. Ragged histories are grouped, never padded (masked,
     padded SDPA measured slower than the rows one by one).

@@ -107,6 +107,18 @@ class KVPlan:
     def total_bytes(self) -> int:
         return required_bytes(self, self.session_capacity)
 
+    def binding_limit(self, max_sessions: int | None = None) -> str:
+        """What holds `session_capacity` where it is, named as the setting to change: the
+        spec's session_capacity, `runtime.max_sessions`, or the memory budget."""
+        if self.session_capacity >= self.spec.session_capacity:
+            return (f"the pipeline's session_capacity of {self.spec.session_capacity} "
+                    f"(pipeline.args.session_capacity where the pipeline takes it)")
+        if max_sessions is not None and self.session_capacity >= max_sessions:
+            return f"runtime.max_sessions: {max_sessions}"
+        return (f"runtime.memory_budget ({format_bytes(self.budget_bytes, round_down=True)} "
+                f"holds {self.session_capacity} at {format_bytes(self.bytes_per_session)} "
+                f"each)")
+
     def to_dict(self) -> dict[str, int]:
         """The `memory` object of `inspect-spec --json` (stable keys)."""
         keys = ("page_bytes", "history_frames_per_branch", "history_pages_per_session",

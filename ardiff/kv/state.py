@@ -17,6 +17,7 @@ state closes: `close()` returns how to name it, so the runner can fail the forwa
 from __future__ import annotations
 
 import contextlib
+import time
 from types import TracebackType
 from typing import Any, Iterator, Literal, NamedTuple
 
@@ -126,12 +127,15 @@ class Block:
                                f"layer once")
 
 
+STAGES = {False: "denoise", True: "commit"}  # a timeline's stages: probe blocks, the commit
+
+
 class BlockScope:
     """The `with` of `state.block(...)`: entering checks and opens the block (claiming the
     slot), leaving commits it (a clean commit) or gives it back (a probe, an exception).
     A class rather than a generator: it runs five times per AR block of a 4-step model."""
 
-    __slots__ = ("state", "branch", "commit", "num_frames", "slot", "kv", "blk")
+    __slots__ = ("state", "branch", "commit", "num_frames", "slot", "kv", "blk", "started")
     slot: int
     kv: BlockKV
     blk: Block
@@ -156,6 +160,7 @@ class BlockScope:
         self.slot = slot
         self.blk = Block(state, branch, self.kv, num_frames, self.commit)
         state._in_flight_blocks.append(InFlight(self.blk, self.kv, slot))
+        self.started = time.perf_counter()
         return self.blk
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -168,6 +173,7 @@ class BlockScope:
         finally:
             self.state._left(self.blk)
             self.state._cache.close_slot(self.slot)
+            self.state.stage_s[STAGES[self.commit]] += time.perf_counter() - self.started
         return False
 
 
@@ -207,6 +213,7 @@ class KVState:
         self.checks = TensorChecks(cache.spec, cache.torch_dtype, cache.device)
         self._closed = False
         self._in_flight_blocks: list[InFlight] = []  # entered, not yet exited
+        self.stage_s = dict.fromkeys(STAGES.values(), 0.0)  # host s (on CUDA: to queue them)
 
     def close(self) -> list[str]:
         """End the bind; any later use raises. Safe to call twice. A block still in flight

@@ -31,6 +31,12 @@ INSTALL_HINT = "pip install 'ardiff[plot]' (or pip install matplotlib)"
 MIB = 1024 * 1024
 FIGURE_INCHES = (9.0, 9.0)
 DPI = 100
+# RSS is hundreds of MiB that move by a few: its panel spans the data, but at least this
+# much (MiB, or this share of the peak), so a steady RSS reads as a steady line mid-panel
+# rather than as noise magnified; RSS_MARGIN of that span is left above and below.
+RSS_MIN_SPAN_MIB = 16.0
+RSS_MIN_SPAN_SHARE = 0.05
+RSS_MARGIN = 0.15
 
 
 def check_figure_path(path: str | Path, flag: str) -> Path:
@@ -81,16 +87,37 @@ def draw_figure(timeline: RunTimeline, title: str) -> Any:
     in_use = [np.nan if p is None else p for p in timeline.pages_in_use]
     _series(pages, blocks, np.array(in_use, dtype=float), "KV pages in use")
     rss = figure.add_subplot(grid[2], sharex=latency)
-    _series(rss, blocks, np.array(timeline.rss_bytes) / MIB, "RSS (MiB)")
+    rss_mib = np.array(timeline.rss_bytes, dtype=float) / MIB
+    _series(rss, blocks, rss_mib, "RSS (MiB)", rss_limits_mib(rss_mib))
+    rss.ticklabel_format(axis="y", style="plain", useOffset=False)  # MiB as read, no "+4e2"
     rss.set_xlabel("AR block")
     _contact_sheet(figure.add_subplot(grid[3]), timeline.thumbnails)
     return figure
 
 
-def _series(axes: Any, x: np.ndarray, y: np.ndarray, label: str) -> None:
+def rss_limits_mib(rss_mib: np.ndarray) -> tuple[float, float] | None:
+    """The RSS panel's y range in MiB: the data's, widened to at least RSS_MIN_SPAN_MIB (or
+    RSS_MIN_SPAN_SHARE of the peak) around its middle, plus RSS_MARGIN of it each side, never
+    below 0. None when nothing was measured."""
+    measured = rss_mib[~np.isnan(rss_mib)]
+    if len(measured) == 0:
+        return None
+    low, high = float(measured.min()), float(measured.max())
+    span = max(high - low, RSS_MIN_SPAN_MIB, RSS_MIN_SPAN_SHARE * high)
+    middle = (low + high) / 2
+    bottom = max(0.0, middle - span * (0.5 + RSS_MARGIN))
+    return bottom, bottom + span * (1 + 2 * RSS_MARGIN)
+
+
+def _series(axes: Any, x: np.ndarray, y: np.ndarray, label: str,
+            limits: tuple[float, float] | None = None) -> None:
+    """One series; its y axis from zero unless `limits` are given."""
     axes.plot(x, y, linewidth=1.2, marker="." if len(x) <= 64 else None)
     axes.set_ylabel(label)
-    axes.set_ylim(bottom=0)  # from zero: a flat line reads as flat, not as noise magnified
+    if limits is None:
+        axes.set_ylim(bottom=0)  # from zero: a flat line reads as flat, not as noise magnified
+    else:
+        axes.set_ylim(*limits)
     axes.grid(True, alpha=0.3)
     if len(y) == 0 or np.isnan(y).all():
         axes.text(0.5, 0.5, "not measured (dense cache)" if len(y) else "no blocks",

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from ardiff.config import yaml_loader
+from ardiff.contract.inputs import get_pipeline_inputs
 from ardiff.errors import ConfigError
 from ardiff.path_text import check_path_text
 from ardiff.text import short_repr, shorten, text_problem
@@ -65,19 +66,20 @@ def read_prompts(prompts: list[str] | str | None, base_dir: Path) -> list[str] |
 
 def read_actions(actions: list | str | None, base_dir: Path,
                  action_names: tuple[str, ...] | None = None,
-                 frames_per_block: int | None = None) -> tuple[tuple[str, ...], ...] | None:
+                 frames_per_block: int | None = None,
+                 where: str = "rollout.actions") -> tuple[tuple[str, ...], ...] | None:
     """Per-block actions: an inline list, or a YAML file holding a list (or `actions: [...]`).
 
     Each entry is one action for every frame of its block, or a list with one
     action per frame. The list repeats when the rollout is longer. With the pipeline's
     `action_names` (`pipeline_actions`), every name must be one of them and a list must
-    hold one action or `frames_per_block`; without, any names pass.
+    hold one action or `frames_per_block`; without, any names pass. `where` names the
+    value in errors.
     """
     if actions is None:
         return None
-    where = "rollout.actions"
     if isinstance(actions, str):
-        where, actions = _load_actions_file(_resolve(actions, base_dir, "rollout.actions"))
+        where, actions = _load_actions_file(_resolve(actions, base_dir, where), where)
     if not isinstance(actions, list) or not actions:
         raise ConfigError(f"{where}: expected a non-empty list of actions, got "
                           f"{short_repr(actions)}")
@@ -102,12 +104,12 @@ def pipeline_actions(pipeline: Any) -> tuple[str, ...] | None:
     return tuple(names)
 
 
-def _load_actions_file(path: Path) -> tuple[str, object]:
-    where = f"rollout.actions ({path})"
+def _load_actions_file(path: Path, field: str) -> tuple[str, object]:
+    where = f"{field} ({path})"
     try:
         data = yaml_loader.safe_load(path.read_text(encoding="utf-8"), where)
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"rollout.actions: cannot read {str(path)!r} ({exc.__class__.__name__}"
+        raise ConfigError(f"{field}: cannot read {str(path)!r} ({exc.__class__.__name__}"
                           f"); give a UTF-8 YAML file with a list of actions") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -163,6 +165,24 @@ def prompt_warnings(pipeline: Any, config: RunConfig, plan: RolloutPlan) -> list
     except Exception as exc:  # noqa: BLE001 - a warning's check must not end the run
         return [f"pipeline: checking the prompts' length raised {type(exc).__name__}: "
                 f"{shorten(str(exc))}; they were not checked"]
+
+
+def ignored_prompt_warnings(pipeline: Any, config: RunConfig) -> list[str]:
+    """A warning for each prompt key the config gives when the pipeline declares that it
+    ignores prompts (`PipelineInputs.prompt == "ignored"`): the video will not depend on it."""
+    inputs = get_pipeline_inputs(pipeline)
+    if inputs is None or inputs.takes("prompt"):
+        return []
+    rollout = config.rollout
+    given = {"rollout.prompt": rollout.prompt != "", "rollout.prompts": rollout.prompts is not None,
+             "rollout.negative_prompt": rollout.negative_prompt != ""}
+    return [ignored_prompt_message(field) for field, is_given in given.items() if is_given]
+
+
+def ignored_prompt_message(field: str) -> str:
+    """The one line for a prompt given to a pipeline that ignores prompts."""
+    return (f"{field}: given, but this pipeline ignores prompts (its inputs declare prompt: "
+            f"ignored); the video does not depend on it; remove {field}")
 
 
 def _prompt_warning(pipeline: Any, where: str, prompt: str) -> str | None:

@@ -35,7 +35,7 @@ from ardiff.errors import (
 from ardiff.rollout.batches import BatchedBlocks, choose_batch, planned_batch
 from ardiff.rollout.gate import FileGate
 from ardiff.rollout.handoff import FrameHandoff, frames_lag, make_handoff
-from ardiff.rollout.inputs import pipeline_actions, prompt_warnings
+from ardiff.rollout.inputs import ignored_prompt_warnings, pipeline_actions, prompt_warnings
 from ardiff.rollout.outcome import record_failure, record_interrupt
 from ardiff.rollout.paths import check_rollout_paths
 from ardiff.rollout.progress import ProgressEvent
@@ -107,9 +107,10 @@ def run_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], None] | N
         config.rollout.batch, resolved.pipeline, config, resolved.spec, len(plan.streams))
     runner = build_runner(config, resolved, agree_min=share.agree_min, batch_rows=rows)
     try:
-        check_capacity(plan, runner.plan.session_capacity)
+        check_capacity(plan, runner.plan, config.runtime.max_sessions)
         batch, notice = (1, None) if blocks is not None else choose_batch(
-            config.rollout.batch, runner, len(plan.streams), share.agree_min)
+            config.rollout.batch, runner, len(plan.streams), share.agree_min,
+            config.runtime.max_sessions)
     except BaseException:
         runner.close()
         raise
@@ -117,6 +118,7 @@ def run_rollout(config: RunConfig, on_event: Callable[[ProgressEvent], None] | N
     report.warnings.extend([notice] if notice else [])
     report.warnings.extend(plan.warnings)  # prompt switches moved to a block boundary
     report.warnings.extend(prompt_warnings(runner.pipeline, config, plan))  # asked after load
+    report.warnings.extend(ignored_prompt_warnings(runner.pipeline, config))
     if blocks is None:  # a batch's frames wait for the next forward, as one block's would
         blocks = (iter_rollout if batch == 1
                   else BatchedBlocks(batch, frames_lag(runner.device) * batch))
@@ -217,7 +219,9 @@ def _run(runner: Runner, plan: RolloutPlan, config: RunConfig, report: RolloutRe
         failure, when a parallel rank's poll would wait for peers that may be gone)."""
         for event in gate.steps(ready):
             with gate.files():
+                handed = time.perf_counter()
                 _write(event, writers, config, report, writes)
+                encode_wait_s = time.perf_counter() - handed
                 if report.time_to_first_frame_s is None:
                     report.time_to_first_frame_s = time.perf_counter() - start
                 if event.frames_written >= plan.frames and event.stream.index in writers:
@@ -226,7 +230,7 @@ def _run(runner: Runner, plan: RolloutPlan, config: RunConfig, report: RolloutRe
             if not writers and report.frames_written >= report.frames_requested:
                 stop.phase = "closing"  # every file is final: only the sessions' close is left
             emit(ProgressEvent("rollout", report.frames_written, report.frames_requested, event,
-                               runner.cache.stats().pages_in_use))
+                               runner.cache.stats().pages_in_use, encode_wait_s))
             if poll and event.ends_forward and _stopped(report, stop):
                 return True
         return False

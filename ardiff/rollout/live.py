@@ -56,7 +56,8 @@ def step_block(runner: Any, plan: RolloutPlan, stream: Stream, block_index: int,
     result = runner.execute(request)
     frames = result.output.frames[:plan.frames - written]
     return BlockEvent(stream, block_index, frames, result.latency,
-                      written + int(frames.shape[0]))
+                      written + int(frames.shape[0]), started_s=result.started_s,
+                      stages_s=result.stages_s)
 
 
 def write_action_log(path: str | Path, log: list[Actions], comment: list[str] = ()) -> None:

@@ -10,10 +10,12 @@ from ardiff.rollout.streams import BlockEvent
 @dataclass(frozen=True)
 class ProgressEvent:
     """Progress for a UI: `phase` is `warmup`, `rollout` or `done`; a `rollout` event carries
-    its block (frames included) and the KV pages in use after it (None: a dense cache)."""
+    its block (frames included), the KV pages in use after it (None: a dense cache) and
+    the seconds handing its frames to the writer took (the encoder's queue full: a wait)."""
 
     phase: str
     frames_written: int
     frames_total: int
     block: BlockEvent | None = None
     pages_in_use: int | None = None
+    encode_wait_s: float | None = None  # how long handing the block to its writer took

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ardiff.kv.backends import backend_names
+from ardiff.rollout.block_log import BLOCK_RECORD_SCHEMA
 
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "failed", "interrupted")
@@ -178,6 +179,7 @@ STATS_SCHEMA: dict[str, Any] = {
         "error": {"type": ["string", "null"]},
         "exit_code": {"enum": [0, 1, 2, 3, 130]},
         "warnings": {"type": "array", "items": {"type": "string"}},
+        "blocks": {"type": "array", "items": BLOCK_RECORD_SCHEMA},  # with --timeline
         "run": {"type": "object", "required": ["pipeline", "device", "dtype"],
                 "properties": {k: {"type": "string"} for k in ("pipeline", "device", "dtype")}},
         "frames": {"type": "object", "required": ["requested", "written", "output_fps"],

@@ -17,9 +17,9 @@ blocks and the positions checked against `max_model_len` are exact:
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 from ardiff.config.run import PromptSwitch, RunConfig
 from ardiff.contract import ARDiffusionPipeline
@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only: both import torch
     import torch
 
     from ardiff.engine.runner import Runner
+    from ardiff.kv.plan import KVPlan
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,8 @@ class BlockEvent:
     latency: Latency      # a float, or a DeviceLatency read at the first latency_s
     frames_written: int   # this stream's frames so far, including these
     ends_forward: bool = True  # the last block of its forward (a batch's others came first)
+    started_s: float = 0.0     # time.perf_counter() when its forward began
+    stages_s: Mapping[str, float] = field(default_factory=dict)  # denoise, commit: host s
 
     @property
     def latency_s(self) -> float:
@@ -197,13 +200,14 @@ def _check_positions(plan: RolloutPlan, spec: ARDiffusionKVCacheSpec) -> None:
                 f"with on_switch: reset")
 
 
-def check_capacity(plan: RolloutPlan, capacity: int) -> None:
-    """Interleaved prompts must all be resident at once."""
+def check_capacity(plan: RolloutPlan, kv_plan: KVPlan, max_sessions: int | None = None) -> None:
+    """Interleaved prompts must all be resident at once; the refusal names what binds."""
+    capacity = kv_plan.session_capacity
     if plan.interleave and len(plan.streams) > capacity:
         raise ConfigError(
             f"rollout.interleave: {len(plan.streams)} prompts need {len(plan.streams)} resident "
-            f"sessions but the memory plan fits {capacity}; raise runtime.memory_budget, use "
-            f"fewer prompts, or set rollout.interleave: false to run them one after another")
+            f"sessions but {kv_plan.binding_limit(max_sessions)} keeps {capacity}; raise it, "
+            f"use fewer prompts, or set rollout.interleave: false to run them one after another")
 
 
 def iter_rollout(runner: Runner, plan: RolloutPlan) -> Iterator[BlockEvent]:
@@ -225,7 +229,8 @@ def iter_rollout(runner: Runner, plan: RolloutPlan) -> Iterator[BlockEvent]:
             written[stream.index] += int(frames.shape[0])
             next_block[stream.index] += 1
             yield BlockEvent(stream, block_index, frames, result.latency,
-                             written[stream.index])
+                             written[stream.index], started_s=result.started_s,
+                             stages_s=result.stages_s)
             if written[stream.index] >= plan.frames:  # closed after its frames are handed on
                 pending.remove(stream)
                 runner.close_session(stream.session_id)

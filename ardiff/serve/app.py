@@ -5,6 +5,8 @@
     POST   /v1/sessions               body: session options (ardiff.serve.options) -> 201
                                       {id, stream, video, status}; 422 {error, field};
                                       503 + Retry-After when no slot is free; 413 too large
+    PUT    /v1/sessions/{id}          the same with the client's id (a balancer hashes it);
+                                      409 when it exists
     GET    /v1/sessions               every live session, capacity, KV pages
     GET    /v1/sessions/{id}          status, frames, latency percentiles, KV pages
     DELETE /v1/sessions/{id}          close it (hooks run, pages back)
@@ -15,48 +17,53 @@
     GET    /health                    no token needed;   GET /metrics  Prometheus text
     GET    /                          the page (static/: no token needed, it holds no data)
 
-With a token, every endpoint but /health and the page needs `Authorization: Bearer <token>`;
-a WebSocket may give it as that header or as `?token=<token>` (browsers cannot set its
-headers).
+Who may call (token, Host, Origin, JSON bodies) is `ardiff.serve.http.Guard`'s: with a
+token, every endpoint but /health and the page needs `Authorization: Bearer <token>`; a
+WebSocket may give it as that header or as `?token=<token>` (browsers cannot set its headers).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import dataclasses
 import os
-import secrets
 import tempfile
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from ardiff.errors import ConfigError
-from ardiff.serve.frames import frame_message
-from ardiff.serve.manager import SessionBusy, SessionManager, SessionRefused, UnknownSession
+from ardiff.serve.http import (
+    WS_BUSY,
+    WS_POLICY_VIOLATION,
+    WS_UNKNOWN,
+    Guard,
+    add_guard,
+    close_reason,
+    error_response,
+    read_json_body,
+    unprocessable,
+)
+from ardiff.serve.manager import SessionManager
 from ardiff.serve.metrics import ServeMetrics
-from ardiff.serve.session import ServeSession, State
+from ardiff.serve.session import SessionBusy, SessionExists, SessionRefused, UnknownSession
+from ardiff.serve.stream import stream_session
 
 PAGE_FILES = {"index.html": "text/html", "page.js": "text/javascript", "page.css": "text/css"}
-OPEN_PATHS = ("/health", "/", *(f"/static/{name}" for name in PAGE_FILES))  # no token needed
-WS_POLICY_VIOLATION = 1008   # a bad token
-WS_TOO_BIG = 1009            # a client message over serve.max_message_bytes
-WS_FAILED = 1011             # the session's pipeline failed: the reason is its error line
-WS_UNKNOWN = 4404            # no such session
-WS_BUSY = 4409               # another client streams it
-MAX_REASON_BYTES = 123       # what a WebSocket close reason may hold
 
 
-def create_app(manager: SessionManager, token: str | None = None,
+def create_app(manager: SessionManager, guard: Guard | None = None,
                worker: int | None = None) -> FastAPI:
     """The app; its shutdown (uvicorn's, on SIGINT/SIGTERM) shuts the manager down.
+    `guard`: who may call (None: no token, IP-address hosts, its own origin).
     `worker`: the app is worker `worker` of `--workers N` (ardiff.serve.workers): every
     response names it (header X-Ardiff-Worker; GET of a session: `worker`)."""
+    guard = guard or Guard()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -68,7 +75,7 @@ def create_app(manager: SessionManager, token: str | None = None,
     metrics = ServeMetrics(manager)
     limits = manager.config.serve
 
-    add_token_check(app, token, worker)
+    add_guard(app, guard, worker)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -90,16 +97,24 @@ def create_app(manager: SessionManager, token: str | None = None,
 
     @app.post("/v1/sessions", status_code=201)
     async def create_session(request: Request) -> Response:
-        body = await _read_body(request, limits.max_body_bytes)
+        return await _create(request, None)
+
+    @app.put("/v1/sessions/{session_id}", status_code=201)
+    async def create_named_session(request: Request, session_id: str) -> Response:
+        return await _create(request, session_id)
+
+    async def _create(request: Request, session_id: str | None) -> Response:
+        body = await read_json_body(request, limits.max_body_bytes)
         if isinstance(body, Response):
             return body
         try:
-            session = await run_in_threadpool(manager.create, body)
+            session = await run_in_threadpool(manager.create, body, session_id)
         except SessionRefused as exc:
-            return JSONResponse({"error": str(exc)}, 503,
-                                {"Retry-After": str(exc.retry_after_s)})
+            return error_response(str(exc), 503, {"Retry-After": str(exc.retry_after_s)})
+        except SessionExists as exc:
+            return error_response(str(exc), 409)
         except ConfigError as exc:
-            return _unprocessable(exc)
+            return unprocessable(exc)
         sid = session.public_id
         return JSONResponse({"id": sid, "stream": f"/v1/sessions/{sid}/stream",
                              "video": f"/v1/sessions/{sid}/video",
@@ -133,26 +148,29 @@ def create_app(manager: SessionManager, token: str | None = None,
 
     @app.get("/v1/sessions/{session_id}/video")
     async def session_video(session_id: str) -> Response:
-        handle, name = tempfile.mkstemp(suffix=".mp4", prefix="ardiff-video-")
-        os.close(handle)
+        handle, name = tempfile.mkstemp(suffix=".mp4", prefix="video-", dir=manager.folder.work)
+        os.close(handle)  # in the server's own folder: swept if it is killed mid-answer
         target = Path(name)
         try:
             frames = await run_in_threadpool(manager.video, session_id, target)
         except UnknownSession as exc:
             target.unlink(missing_ok=True)
-            return JSONResponse({"error": str(exc)}, 404)
+            return error_response(str(exc), 404)
+        except Exception as exc:  # noqa: BLE001 - closed under us: its files went with it
+            target.unlink(missing_ok=True)
+            return error_response(f"video: the session's video is gone ({type(exc).__name__}); "
+                                  f"it was closed while this request read it", 404)
         if frames == 0:
             target.unlink(missing_ok=True)
-            return JSONResponse({"error": "no frame was made yet; try again after the first "
-                                          "block"}, 404)
+            return error_response("no frame was made yet; try again after the first block", 404)
         return FileResponse(target, media_type="video/mp4", filename="session.mp4",
                             background=BackgroundTask(target.unlink, missing_ok=True))
 
     @app.websocket("/v1/sessions/{session_id}/stream")
     async def stream(websocket: WebSocket, session_id: str) -> None:
-        if token is not None and not _has_token(websocket.headers.get("authorization"),
-                                                websocket.query_params.get("token"), token):
-            await websocket.close(WS_POLICY_VIOLATION, "missing or wrong token")
+        problem = guard.websocket_problem(websocket)
+        if problem is not None:
+            await websocket.close(WS_POLICY_VIOLATION, close_reason(problem))
             return
         await websocket.accept(headers=None if worker is None else
                                [(b"x-ardiff-worker", str(worker).encode())])
@@ -160,137 +178,17 @@ def create_app(manager: SessionManager, token: str | None = None,
         try:
             session = manager.connect(session_id, lambda: _call_soon(loop, wake))
         except UnknownSession as exc:
-            await websocket.close(WS_UNKNOWN, _reason(str(exc)))
+            await websocket.close(WS_UNKNOWN, close_reason(str(exc)))
             return
         except SessionBusy as exc:
-            await websocket.close(WS_BUSY, _reason(str(exc)))
+            await websocket.close(WS_BUSY, close_reason(str(exc)))
             return
         try:
-            await _stream(websocket, manager, session, wake)
+            await stream_session(websocket, manager, session, wake)
         finally:
             manager.disconnect(session)
 
     return app
-
-
-async def _stream(websocket: WebSocket, manager: SessionManager, session: ServeSession,
-                  wake: asyncio.Event) -> None:
-    """Send frames and read steering until the session ends or the client leaves."""
-    lock = asyncio.Lock()  # one message at a time on the socket
-    sender = asyncio.create_task(_send_frames(websocket, manager, session, wake, lock))
-    receiver = asyncio.create_task(_receive(websocket, manager, session, lock))
-    done, pending = await asyncio.wait({sender, receiver}, return_when=asyncio.FIRST_COMPLETED)
-    for task in pending:
-        task.cancel()
-    for task in (*done, *pending):
-        with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, RuntimeError):
-            await task
-
-
-async def _send_frames(websocket: WebSocket, manager: SessionManager, session: ServeSession,
-                       wake: asyncio.Event, lock: asyncio.Lock) -> None:
-    image, quality = session.options.image, manager.config.serve.jpeg_quality
-    while True:
-        wake.clear()
-        frame = session.queue.pop()
-        if frame is not None:
-            message = await run_in_threadpool(frame_message, frame, image, quality,
-                                              session.queue.dropped)
-            async with lock:
-                await websocket.send_bytes(message)
-            continue
-        if session.state.is_final:
-            await _send_end(websocket, session, lock)
-            return
-        await wake.wait()
-
-
-async def _send_end(websocket: WebSocket, session: ServeSession, lock: asyncio.Lock) -> None:
-    """The last message ({"event": done|failed|closed, ...}), then the close code."""
-    state = session.state
-    async with lock:
-        await websocket.send_text(json.dumps({"event": state.value, "frames": session.frames_made,
-                                              "error": session.error}))
-        if state is State.FAILED:
-            await websocket.close(WS_FAILED, _reason(session.error or "failed"))
-        else:
-            await websocket.close(1000, state.value)
-
-
-async def _receive(websocket: WebSocket, manager: SessionManager, session: ServeSession,
-                   lock: asyncio.Lock) -> None:
-    limit = manager.config.serve.max_message_bytes
-    while True:
-        message = await websocket.receive()
-        if message["type"] == "websocket.disconnect":
-            return
-        text = message.get("text")
-        if text is None and message.get("bytes") is not None:
-            text = message["bytes"].decode("utf-8", "replace")
-        if text is None:
-            continue
-        if len(text.encode("utf-8", "surrogatepass")) > limit:
-            async with lock:
-                await websocket.close(WS_TOO_BIG, f"a message over {limit} bytes")
-            return
-        error = await run_in_threadpool(_apply, manager, session, text)
-        if error is not None:
-            async with lock:
-                await websocket.send_text(json.dumps({"event": "error", "error": error}))
-
-
-def _apply(manager: SessionManager, session: ServeSession, text: str) -> str | None:
-    """One client message applied to its session; the one-line error, or None."""
-    try:
-        message = json.loads(text)
-    except ValueError:
-        return "message: not JSON; send {\"action\": ...}, {\"prompt\": ...} or {\"pause\": ...}"
-    if not isinstance(message, dict) or not message.keys() & {"action", "prompt", "pause"}:
-        return ("message: expected an object with action, prompt (and on_switch) or pause; "
-                "got " + text[:80])
-    try:
-        if "action" in message:
-            manager.steer(session.public_id, message["action"])
-        if "prompt" in message:
-            manager.switch_prompt(session.public_id, message["prompt"],
-                                  message.get("on_switch", "keep"))
-        if "pause" in message:
-            if not isinstance(message["pause"], bool):
-                return "pause: expected true or false"
-            manager.pause(session.public_id, message["pause"])
-    except (ConfigError, UnknownSession) as exc:
-        return str(exc)
-    return None
-
-
-async def _read_body(request: Request, max_bytes: int) -> Any:
-    """The request's JSON (None when empty), or the error Response (413, 422)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        return _too_large(max_bytes)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            return _too_large(max_bytes)
-        chunks.append(chunk)
-    raw = b"".join(chunks)
-    if not raw.strip():
-        return None
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        return _unprocessable(ConfigError(f"body: not JSON ({exc}); send a JSON object"))
-
-
-def _unprocessable(exc: ConfigError) -> Response:
-    message = str(exc)
-    return JSONResponse({"error": message, "field": message.split(":", 1)[0]}, 422)
-
-
-def _too_large(max_bytes: int) -> Response:
-    return JSONResponse({"error": f"body: larger than serve.max_body_bytes ({max_bytes} "
-                                  f"bytes); send a smaller one"}, 413)
 
 
 def describe_server(manager: SessionManager) -> dict[str, Any]:
@@ -301,28 +199,14 @@ def describe_server(manager: SessionManager) -> dict[str, Any]:
     config, names = manager.config, manager.action_names
     keys = {} if names is None else dict(key_map(config.play, names).keys)
     prompt = config.rollout.prompt
+    inputs = manager.inputs
     return {"pipeline": config.pipeline.entry, "actions": None if names is None else list(names),
+            "inputs": None if inputs is None else dataclasses.asdict(inputs),
             "keys": keys, "idle": manager.idle_action, "capacity": manager.capacity,
             "defaults": {"prompt": prompt if isinstance(prompt, str) else None,
                          "seed": config.rollout.seed, "frames": config.rollout.frames,
                          "fps": config.output.fps,
                          "mode": "paced" if names is not None else "fast"}}
-
-
-def add_token_check(app: FastAPI, token: str | None, worker: int | None = None) -> None:
-    """Every HTTP request but `OPEN_PATHS` needs `Authorization: Bearer <token>` (no token:
-    none does); a worker of a pool names itself in `x-ardiff-worker` on every answer."""
-
-    @app.middleware("http")
-    async def authorize(request: Request, call_next: Any) -> Response:
-        if token is not None and request.url.path not in OPEN_PATHS and not _has_token(
-                request.headers.get("authorization"), None, token):
-            return JSONResponse({"error": "missing or wrong token; send Authorization: Bearer "
-                                          "<token>"}, 401, {"WWW-Authenticate": "Bearer"})
-        response: Response = await call_next(request)
-        if worker is not None:
-            response.headers["x-ardiff-worker"] = str(worker)
-        return response
 
 
 def add_page_routes(app: FastAPI) -> None:
@@ -352,16 +236,3 @@ def _call_soon(loop: asyncio.AbstractEventLoop, wake: asyncio.Event) -> None:
     """Set `wake` on its loop, from any thread (a loop already closed: nobody waits)."""
     with contextlib.suppress(RuntimeError):
         loop.call_soon_threadsafe(wake.set)
-
-
-def _has_token(header: str | None, query: str | None, token: str) -> bool:
-    given = query
-    if header is not None and header.lower().startswith("bearer "):
-        given = header[len("bearer "):].strip()
-    return given is not None and secrets.compare_digest(given.encode(), token.encode())
-
-
-def _reason(text: str) -> str:
-    """A close reason: at most MAX_REASON_BYTES of UTF-8, cut at a character."""
-    data = text.encode("utf-8")[:MAX_REASON_BYTES]
-    return data.decode("utf-8", "ignore")

@@ -26,35 +26,33 @@ import httpx
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.parser import text_string_to_metric_families
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from ardiff.serve.app import (
-    WS_FAILED,
+from ardiff.errors import ConfigError
+from ardiff.serve.app import add_page_routes
+from ardiff.serve.http import (
     WS_POLICY_VIOLATION,
-    WS_UNKNOWN,
-    _has_token,
-    _read_body,
-    _reason,
-    add_page_routes,
-    add_token_check,
+    Guard,
+    add_guard,
+    close_reason,
+    read_json_body,
+    unprocessable,
 )
-from ardiff.serve.frames import parse_frame_message
-from ardiff.serve.metrics import PREFIX
+from ardiff.serve.metrics import FrontCollector, metrics_of
+from ardiff.serve.options import check_session_id
+from ardiff.serve.proxy import hear_death, proxy_stream
 from ardiff.serve.workers import WORKER_HEADER, WorkerPool, WorkerSlot
 
-DEATH_WAIT_S = 5.0      # a worker that stopped answering: how long to wait to hear it died
 PASSED_HEADERS = ("content-type", "content-disposition", "retry-after", WORKER_HEADER)
 WORKER_TIMEOUT = httpx.Timeout(120.0, connect=5.0)  # a DELETE waits for a block boundary
 
 
-def create_front_app(pool: WorkerPool, token: str | None = None) -> FastAPI:
-    """The front's app; its shutdown (uvicorn's, on SIGINT/SIGTERM) stops every worker."""
+def create_front_app(pool: WorkerPool, guard: Guard | None = None) -> FastAPI:
+    """The front's app; its shutdown (uvicorn's, on SIGINT/SIGTERM) stops every worker.
+    `guard`: who may call (ardiff.serve.http; the workers trust only the front)."""
+    guard = guard or Guard()
     clients: dict[str, httpx.AsyncClient] = {}
 
     @contextlib.asynccontextmanager
@@ -74,7 +72,7 @@ def create_front_app(pool: WorkerPool, token: str | None = None) -> FastAPI:
     def http() -> httpx.AsyncClient:
         return clients["http"]
 
-    add_token_check(app, token)
+    add_guard(app, guard)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -100,17 +98,31 @@ def create_front_app(pool: WorkerPool, token: str | None = None) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics_text() -> Response:
-        texts = await asyncio.gather(*(_metrics_of(http(), slot) for slot in pool.ready()))
+        texts = await asyncio.gather(*(metrics_of(http(), slot) for slot in pool.ready()))
         registry = CollectorRegistry()
-        registry.register(_FrontCollector(pool, dict(t for t in texts if t is not None)))
+        registry.register(FrontCollector(pool, dict(t for t in texts if t is not None)))
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/sessions", status_code=201)
     async def create_session(request: Request) -> Response:
-        body = await _read_body(request, limits.max_body_bytes)
+        body = await read_json_body(request, limits.max_body_bytes)
         if isinstance(body, Response):
             return body
         return await _place(http(), pool, json.dumps(body).encode())
+
+    @app.put("/v1/sessions/{session_id}", status_code=201)
+    async def create_named_session(request: Request, session_id: str) -> Response:
+        body = await read_json_body(request, limits.max_body_bytes)
+        if isinstance(body, Response):
+            return body
+        try:
+            check_session_id(session_id)
+        except ConfigError as exc:
+            return unprocessable(exc)
+        if pool.route(session_id) is not None:
+            return JSONResponse({"error": f"id: a session {session_id[:64]!r} exists; choose "
+                                          f"another id, or DELETE it first"}, 409)
+        return await _place(http(), pool, json.dumps(body).encode(), session_id)
 
     @app.get("/v1/sessions")
     async def list_sessions() -> dict[str, Any]:
@@ -142,32 +154,29 @@ def create_front_app(pool: WorkerPool, token: str | None = None) -> FastAPI:
 
     @app.websocket("/v1/sessions/{session_id}/stream")
     async def stream(websocket: WebSocket, session_id: str) -> None:
-        if token is not None and not _has_token(websocket.headers.get("authorization"),
-                                                websocket.query_params.get("token"), token):
-            await websocket.close(WS_POLICY_VIOLATION, "missing or wrong token")
+        problem = guard.websocket_problem(websocket)
+        if problem is not None:
+            await websocket.close(WS_POLICY_VIOLATION, close_reason(problem))
             return
-        await _proxy_stream(websocket, pool, session_id)
+        await proxy_stream(websocket, pool, session_id)
 
     return app
 
 
 # -- placing and routing -------------------------------------------------------------------
-async def _place(client: httpx.AsyncClient, pool: WorkerPool, body: bytes) -> Response:
-    """Create the session on the worker with the most free room; the next one if it refuses
-    (503); 503 when none can take it."""
+async def _place(client: httpx.AsyncClient, pool: WorkerPool, body: bytes,
+                 session_id: str | None = None) -> Response:
+    """Create the session (with the client's id: `PUT`) on the worker with the most free
+    room; the next one if it refuses (503); 503 when none can take it."""
     retry = {"Retry-After": str(pool.config.serve.retry_after_s)}
     if not pool.accepting:
         return JSONResponse({"error": "the server is shutting down; it takes no new "
                                       "sessions"}, 503, retry)
-    listings = await asyncio.gather(*(_listing(client, slot) for slot in pool.ready()))
     candidates = []
-    for slot, listing in listings:
-        if listing is None:
-            continue
-        live = sum(s["status"] in ("active", "paused") for s in listing["sessions"])
-        free = listing["capacity"] - live - pool.placing[slot.index]
-        pages_total = listing.get("kv_pages_total") or 0
-        pages_free = pages_total - (listing.get("kv_pages_in_use") or 0)
+    for slot, load in pool.loads():  # what each worker last told (its beats): no HTTP call
+        free = load["capacity"] - load["sessions"] - pool.placing[slot.index]
+        pages_total = load.get("kv_pages_total") or 0
+        pages_free = pages_total - (load.get("kv_pages_in_use") or 0)
         candidates.append((-free, -(pages_free / pages_total if pages_total else 0.0),
                            slot.index, slot, slot.generation))
     last: httpx.Response | None = None
@@ -177,14 +186,16 @@ async def _place(client: httpx.AsyncClient, pool: WorkerPool, body: bytes) -> Re
             break
         pool.placing[slot.index] += 1
         try:
-            response = await client.post(f"{slot.url}/v1/sessions", content=body,
-                                         headers={"content-type": "application/json"})
+            response = await client.request(
+                "POST" if session_id is None else "PUT",
+                f"{slot.url}/v1/sessions" + ("" if session_id is None else f"/{session_id}"),
+                content=body, headers={"content-type": "application/json"})
         except httpx.HTTPError:
             continue  # it died under us: the next one
         finally:
             pool.placing[slot.index] -= 1
         if response.status_code == 201:
-            pool.add_route(response.json()["id"], slot, generation)
+            pool.add_route(response.json()["id"], slot, generation)  # counts it till a beat
             return _passed(response)
         if response.status_code != 503:
             return _passed(response)  # 422, 413: the body's fault, the same on every worker
@@ -220,7 +231,7 @@ async def _session_call(client: httpx.AsyncClient, pool: WorkerPool, method: str
                                      background=BackgroundTask(upstream.aclose))
         response = await client.request(method, url)
     except httpx.HTTPError as exc:
-        await _hear_death(pool, session_id)
+        await hear_death(pool, session_id)
         if pool.route(session_id) is None:
             return _not_routed(pool, method, session_id, tail)
         return JSONResponse({"error": f"worker {slot.index} did not answer "
@@ -247,14 +258,6 @@ def _not_routed(pool: WorkerPool, method: str, session_id: str, tail: str) -> Re
 
 def _lost_view(session_id: str, worker: int, error: str) -> dict[str, Any]:
     return {"id": session_id, "status": "failed", "error": error, "worker": worker}
-
-
-async def _hear_death(pool: WorkerPool, session_id: str) -> None:
-    """Wait (a little) until the pool knows whether the session's worker died."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEATH_WAIT_S
-    while pool.route(session_id) is not None and loop.time() < deadline:
-        await asyncio.sleep(0.05)
 
 
 def _passed(response: httpx.Response) -> Response:
@@ -292,144 +295,3 @@ async def _worker_health(client: httpx.AsyncClient, pool: WorkerPool) -> list[di
                 "capacity": answer["capacity"]}
 
     return list(await asyncio.gather(*(one(slot) for slot in pool.slots)))
-
-
-# -- the stream ----------------------------------------------------------------------------
-async def _proxy_stream(websocket: WebSocket, pool: WorkerPool, session_id: str) -> None:
-    """The client's stream, joined to the session's stream on its worker both ways; the
-    worker's close (code and reason) passed on; a worker that died: `failed`, 1011."""
-    slot = pool.route(session_id)
-    if slot is None:
-        await websocket.accept()
-        await _end_unrouted(websocket, pool, session_id, 0)
-        return
-    url = f"ws://127.0.0.1:{slot.port}/v1/sessions/{session_id}/stream"
-    try:
-        upstream = await connect(url, additional_headers=pool.auth_headers, max_size=None,
-                                 compression=None, open_timeout=30)
-    except (OSError, InvalidHandshake, TimeoutError):
-        await websocket.accept()
-        await _hear_death(pool, session_id)
-        await _end_unrouted(websocket, pool, session_id, 0)
-        return
-    worker = (upstream.response.headers.get(WORKER_HEADER) if upstream.response is not None
-              else None) or str(slot.index)
-    await websocket.accept(headers=[(WORKER_HEADER.encode(), worker.encode())])
-    frames = [0]
-    down = asyncio.create_task(_downstream(upstream, websocket, frames))
-    up = asyncio.create_task(_upstream(websocket, upstream))
-    done, pending = await asyncio.wait({down, up}, return_when=asyncio.FIRST_COMPLETED)
-    # The worker ended the stream (down returned, or a send to it failed: up raised), or
-    # the client left (up returned, or a send to it failed: down raised).
-    worker_ended = (down in done and down.exception() is None) or (
-        up in done and up.exception() is not None)
-    for task in pending:
-        task.cancel()
-    for task in (*done, *pending):
-        with contextlib.suppress(BaseException):  # its end is read above; nothing to add
-            await task
-    if worker_ended:
-        with contextlib.suppress(Exception):  # the client may be gone too
-            await _end_like_worker(websocket, upstream, pool, session_id, frames[0])
-    await upstream.close()
-
-
-async def _downstream(upstream: ClientConnection, websocket: WebSocket,
-                      frames: list[int]) -> None:
-    """The worker's messages to the client, in order, until the worker closes; `frames[0]`:
-    the session's frames made up to the last one passed on."""
-    with contextlib.suppress(ConnectionClosed):
-        async for message in upstream:
-            if isinstance(message, bytes):
-                await websocket.send_bytes(message)
-                frame = parse_frame_message(message)[0].get("frame")
-                frames[0] = frame + 1 if isinstance(frame, int) else frames[0]
-            else:
-                await websocket.send_text(message)
-
-
-async def _upstream(websocket: WebSocket, upstream: ClientConnection) -> None:
-    """The client's messages to the worker, until the client leaves."""
-    while True:
-        message = await websocket.receive()
-        if message["type"] == "websocket.disconnect":
-            return
-        if message.get("text") is not None:
-            await upstream.send(message["text"])
-        elif message.get("bytes") is not None:
-            await upstream.send(message["bytes"])
-
-
-async def _end_like_worker(websocket: WebSocket, upstream: ClientConnection, pool: WorkerPool,
-                           session_id: str, frames: int) -> None:
-    """The worker closed the stream: its code and reason; no close frame (its process is
-    gone): the session failed with its worker."""
-    close = upstream.protocol.close_rcvd
-    if close is not None:
-        await websocket.close(close.code if close.code not in (1005, 1006) else 1000,
-                              close.reason)
-        return
-    await _hear_death(pool, session_id)
-    await _end_unrouted(websocket, pool, session_id, frames)
-
-
-async def _end_unrouted(websocket: WebSocket, pool: WorkerPool, session_id: str,
-                        frames: int) -> None:
-    """End a stream no worker holds: `failed` with its worker's death, else unknown."""
-    lost = pool.lost_error(session_id)
-    if lost is None:
-        if pool.route(session_id) is not None:  # alive, but its worker did not answer
-            await websocket.close(WS_FAILED, "its worker did not answer; reconnect")
-            return
-        await websocket.close(WS_UNKNOWN, _reason(f"no session {session_id[:64]!r}; it was "
-                                                  f"closed or never existed"))
-        return
-    _worker, error = lost
-    await websocket.send_text(json.dumps({"event": "failed", "frames": frames,
-                                          "error": error}))
-    await websocket.close(WS_FAILED, _reason(error))
-
-
-# -- metrics -------------------------------------------------------------------------------
-async def _metrics_of(client: httpx.AsyncClient, slot: WorkerSlot) -> tuple[int, str] | None:
-    try:
-        response = await client.get(f"{slot.url}/metrics", timeout=5.0)
-    except httpx.HTTPError:
-        return None
-    return (slot.index, response.text) if response.status_code == 200 else None
-
-
-class _FrontCollector:
-    """Every worker's metrics with a `worker` label, and the front's own per worker."""
-
-    def __init__(self, pool: WorkerPool, texts: dict[int, str]) -> None:
-        self.pool, self.texts = pool, texts
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> list[Metric]:
-        merged: dict[str, Metric] = {}
-        for index, text in sorted(self.texts.items()):
-            for family in text_string_to_metric_families(text):
-                into = merged.setdefault(family.name, Metric(family.name, family.documentation,
-                                                             family.type, family.unit))
-                into.samples += [sample._replace(labels={**sample.labels, "worker": str(index)})
-                                 for sample in family.samples]
-        up = GaugeMetricFamily(f"{PREFIX}_worker_up", "1: the worker serves; 0: it starts, "
-                               "restarts or stopped", labels=["worker"])
-        restarts = CounterMetricFamily(f"{PREFIX}_worker_restarts", "Times the worker was "
-                                       "started again after it died", labels=["worker"])
-        lost = CounterMetricFamily(f"{PREFIX}_sessions_lost", "Sessions failed because their "
-                                   "worker died", labels=["worker"])
-        routed = GaugeMetricFamily(f"{PREFIX}_sessions_routed", "Sessions the front routes to "
-                                   "the worker", labels=["worker"])
-        counts = self.pool.routed()
-        for slot in self.pool.slots:
-            label = [str(slot.index)]
-            up.add_metric(label, 1.0 if slot.state == "ready" else 0.0)
-            restarts.add_metric(label, slot.restarts)
-            lost.add_metric(label, slot.lost)
-            routed.add_metric(label, counts[slot.index])
-        workers = GaugeMetricFamily(f"{PREFIX}_workers", "Worker processes", value=self.pool.size)
-        return [*merged.values(), workers, up, restarts, lost, routed]

@@ -18,61 +18,56 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from ardiff.config.run import RunConfig
+from ardiff.contract.inputs import get_pipeline_inputs
 from ardiff.engine.batching import supports_batches
 from ardiff.engine.build import build_runner, resolve
 from ardiff.engine.runner import Runner
-from ardiff.errors import ArdiffError, ConfigError
+from ardiff.errors import ConfigError
 from ardiff.rollout.inputs import pipeline_actions, read_actions
 from ardiff.rollout.job import needs_processes
 from ardiff.rollout.streams import latent_frame_map, plan_rollout, video_frames_per_block
 from ardiff.serve.blocks import BlockWalker
+from ardiff.serve.folder import RunFolder
 from ardiff.serve.frames import FrameQueue
-from ardiff.serve.options import SessionOptions, check_prompt_length, read_session_options
+from ardiff.serve.options import (
+    SessionOptions,
+    check_prompt_length,
+    check_session_id,
+    read_session_options,
+)
 from ardiff.serve.recording import Recording
 from ardiff.serve.scheduler import BlockScheduler, ServeStats
-from ardiff.serve.session import ServeSession, State
+from ardiff.serve.session import (
+    ServeSession,
+    SessionBusy,
+    SessionExists,
+    SessionRefused,
+    State,
+    UnknownSession,
+)
 from ardiff.text import text_problem
 
 ON_SWITCH = ("keep", "clear-cross", "reset", "recache")
 
 
-class SessionRefused(ArdiffError):
-    """No session slot or KV room is free (or the server is stopping): try again later."""
-
-    def __init__(self, message: str, retry_after_s: int) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class UnknownSession(ArdiffError):
-    """No live session has this id."""
-
-
-class SessionBusy(ArdiffError):
-    """Another client streams this session."""
-
-
 class SessionManager(BlockScheduler):
     """Sessions of one runner; thread-safe. `on_block(latency_s)` is called per block."""
 
-    def __init__(self, config: RunConfig, runner: Runner, output_dir: Path,
-                 owns_output_dir: bool = False) -> None:
+    def __init__(self, config: RunConfig, runner: Runner, folder: RunFolder) -> None:
         _check_one_worker(config)
-        self.config, self.runner = config, runner
-        self.output_dir, self.owns_output_dir = output_dir, owns_output_dir
+        self.config, self.runner, self.folder = config, runner, folder
         serve = config.serve
         self.capacity = min(runner.plan.session_capacity, serve.max_sessions or 2**31)
         self.batch = 1 if not supports_batches(runner.pipeline) else max(1, min(
             serve.batch or self.capacity, runner.plan.batch_rows, self.capacity))
         self.action_names = pipeline_actions(runner.pipeline)
+        self.inputs = get_pipeline_inputs(runner.pipeline)  # None: it declares nothing
         spec = runner.plan.spec
         self.frames_per_block, self.max_model_len = spec.frames_per_block, spec.max_model_len
         self.video_per_block, self.video_first_block = video_frames_per_block(
@@ -85,6 +80,11 @@ class SessionManager(BlockScheduler):
         self._count = 0
         self._cond = threading.Condition()
         self._stopping = False
+        self._stopper: threading.Thread | None = None  # begin_shutdown's, running shutdown
+        self._stop_lock = threading.Lock()             # one shutdown at a time
+        self._stopped = False
+        self._files = threading.Lock()  # the scheduler's hold on recordings (see _abandon)
+        self.abandoned = False          # a forward was stuck at the stop: files taken over
         self._thread = threading.Thread(target=self._loop, name="ardiff-serve-scheduler",
                                         daemon=True)
         self.scheduler_error: BaseException | None = None
@@ -103,8 +103,7 @@ class SessionManager(BlockScheduler):
         try:
             if config.warmup.enabled:
                 runner.warmup()
-            output_dir, owns = output_folder(config)
-            return cls(config, runner, output_dir, owns)
+            return cls(config, runner, RunFolder.open(config))
         except BaseException:
             runner.close()
             raise
@@ -114,6 +113,8 @@ class SessionManager(BlockScheduler):
         """A session's options and walker from a request body; ConfigError names the body's
         dotted path. Changes nothing."""
         options = read_session_options(body, self.config, self.action_names is not None)
+        if isinstance(body, dict) and body.get("prompt") is not None:
+            self._check_takes_prompts("prompt")
         config = options.config
         planned = options.frames if options.frames is not None else self.video_first_block
         config = dataclasses.replace(config, rollout=dataclasses.replace(
@@ -128,19 +129,28 @@ class SessionManager(BlockScheduler):
                              self.frames_per_block, self.max_model_len, self._idle_action())
         return options, walker
 
-    def create(self, body: Any) -> ServeSession:
-        """Admit a new session (SessionRefused when none can be) and queue its first block."""
+    def create(self, body: Any, public_id: str | None = None) -> ServeSession:
+        """Admit a new session (SessionRefused when none can be) and queue its first block.
+        `public_id`: the client's choice (`PUT /v1/sessions/{id}`, so a balancer can hash
+        it), else a random one; ConfigError for a malformed one, SessionExists for a taken
+        one."""
+        if public_id is not None:
+            check_session_id(public_id)
         options, walker = self.prepare(body)
         with self._cond:
+            if public_id is not None and public_id in self.sessions:
+                raise SessionExists(f"id: a session {public_id[:64]!r} exists; choose "
+                                    f"another id, or DELETE it first")
             self._check_room()
             self._count += 1
             session_id = f"serve-{self._count}"
             walker.session_id = session_id
-            path = self.output_dir / f"session-{self._count}.mp4"
+            path = self.folder.recording_path(self._count)
+            keep = self.folder.keep if self.config.serve.keep_videos else None
             session = ServeSession(
-                secrets.token_urlsafe(24), session_id, options, walker,
+                public_id or secrets.token_urlsafe(24), session_id, options, walker,
                 FrameQueue(self.config.serve.queue_frames),
-                Recording(path, options.fps, self.config.output.scale),
+                Recording(path, options.fps, self.config.output.scale, keep),
                 state=State.PAUSED if options.paused else State.ACTIVE)
             self.sessions[session.public_id] = session
             self.stats.created += 1
@@ -176,7 +186,7 @@ class SessionManager(BlockScheduler):
     def describe(self, public_id: str) -> dict[str, Any]:
         with self._cond:
             session = self.get(public_id)
-            return session.describe(self._session_pages(session.session_id))
+            return session.describe(session.kv_pages)
 
     def steer(self, public_id: str, action: Any) -> tuple[str, ...]:
         """The session's next block takes `action` (one action, or one per frame)."""
@@ -194,6 +204,7 @@ class SessionManager(BlockScheduler):
 
     def switch_prompt(self, public_id: str, prompt: Any, on_switch: Any = "keep") -> None:
         """From the session's next block on, `prompt` (as a schedule's switch does)."""
+        self._check_takes_prompts("prompt")
         if not isinstance(prompt, str):
             raise ConfigError(f"prompt: expected a string, got {type(prompt).__name__}")
         problem = text_problem(prompt)
@@ -205,6 +216,17 @@ class SessionManager(BlockScheduler):
                               f"{', '.join(ON_SWITCH)}")
         with self._cond:
             self.get(public_id).walker.switch_prompt(prompt, on_switch)
+
+    @property
+    def takes_prompts(self) -> bool:
+        """The pipeline reads prompts (it declares `accepted`/`required`, or nothing)."""
+        return self.inputs is None or self.inputs.takes("prompt")
+
+    def _check_takes_prompts(self, where: str) -> None:
+        if not self.takes_prompts:
+            raise ConfigError(f"{where}: this pipeline ignores prompts (its PipelineInputs say "
+                              f"prompt: ignored); leave the prompt out, or serve a "
+                              f"text-conditioned pipeline")
 
     def pause(self, public_id: str, paused: bool) -> None:
         """Pause (from the next block boundary) or resume a session."""
@@ -243,8 +265,8 @@ class SessionManager(BlockScheduler):
             session = self.get(public_id)
             session.close_requested = True
             self._cond.notify_all()
-            self._cond.wait_for(lambda: session.state is State.CLOSED or self._thread_gone,
-                                timeout_s)
+            self._cond.wait_for(lambda: session.state is State.CLOSED or self._thread_gone
+                                or self.abandoned, timeout_s)
             return session.describe(0)
 
     def video(self, public_id: str, target: Path, timeout_s: float = 60.0) -> int:
@@ -254,26 +276,53 @@ class SessionManager(BlockScheduler):
             if not session.state.is_final:
                 session.roll_requested = True  # the scheduler finishes the open segment
                 self._cond.notify_all()
-                self._cond.wait_for(lambda: not session.roll_requested or self._thread_gone,
-                                    timeout_s)
+                self._cond.wait_for(lambda: not session.roll_requested or self._thread_gone
+                                    or self.abandoned, timeout_s)
         return session.recording.join(target)
 
     # -- stopping ------------------------------------------------------------------------
     def begin_shutdown(self) -> None:
-        """Take no new session (503) from now on; the ones running go on."""
+        """Take no new session (503) from now on and start `shutdown` on a thread of its
+        own, so the streams end as their sessions close (a signal handler calls this)."""
         with self._cond:
             self.accepting = False
+            if self._stopper is not None:
+                return
+            self._stopper = threading.Thread(target=self.shutdown, daemon=True,
+                                             name="ardiff-serve-stop")
+        self._stopper.start()
 
-    def shutdown(self, timeout_s: float = 120.0) -> None:
+    def shutdown(self) -> None:
         """Stop taking sessions, let the blocks in flight finish, close every session (hooks
-        run, pages back), close the runner and the output folder. Safe to call twice."""
-        with self._cond:
-            self.accepting, self._stopping = False, True
-            self._cond.notify_all()
-        self._thread.join(timeout_s)
-        self.runner.close()
-        if self.owns_output_dir and not self.config.serve.keep_videos:
-            shutil.rmtree(self.output_dir, ignore_errors=True)
+        run, pages back), close the runner and the output folder. A forward still running
+        `serve.stop_timeout_s` later is left to itself: its sessions fail, every video is
+        finished, the runner is not touched again. Safe to call twice, from any thread."""
+        with self._stop_lock:
+            if self._stopped:
+                return
+            with self._cond:
+                self.accepting, self._stopping = False, True
+                self._cond.notify_all()
+            self._thread.join(self.config.serve.stop_timeout_s)
+            if self._thread.is_alive():
+                self._abandon()
+            else:
+                self.runner.close()
+            self.folder.close()
+            self._stopped = True
+
+    def _abandon(self) -> None:
+        """The scheduler is stuck in a forward: fail every session it holds (as `_fail`,
+        but without the runner, which that forward still uses) and finish their videos.
+        The scheduler, should the forward return, touches no file after this."""
+        why = (f"stopped: a forward still ran {self.config.serve.stop_timeout_s:g} s after "
+               f"the stop (serve.stop_timeout_s); the session failed with it")
+        with self._files:
+            with self._cond:
+                self.abandoned = True
+                left = list(self.sessions.values())
+            for session in left:
+                self._fail_files(session, why)
 
     # -- numbers -------------------------------------------------------------------------
     def kv_pages(self) -> tuple[int | None, int | None]:
@@ -281,9 +330,24 @@ class SessionManager(BlockScheduler):
         stats = self.runner.cache.stats()
         return stats.pages_in_use, stats.pages_total
 
-    def queued_frames(self) -> int:
+    def load(self) -> dict[str, Any]:
+        """What a worker of `--workers N` tells its front with each beat: sessions holding
+        a slot, the capacity, KV pages in use and in all (None: a cache without pages)."""
         with self._cond:
-            return sum(len(s.queue) for s in self.sessions.values())
+            sessions = self.live_sessions
+        try:
+            in_use, total = self.kv_pages()
+        except Exception:  # noqa: BLE001 - read while a block runs: the count still goes
+            in_use = total = None
+        return {"sessions": sessions, "capacity": self.capacity,
+                "kv_pages_in_use": in_use, "kv_pages_total": total}
+
+    def queued_frames(self) -> int:
+        """Frames waiting for a client: of live sessions, and of ended ones still streamed
+        (an ended session nobody streams counts no more, though its record stays)."""
+        with self._cond:
+            return sum(len(s.queue) for s in self.sessions.values()
+                       if not s.state.is_final or s.clients)
 
     def frames_dropped(self) -> int:
         with self._cond:
@@ -295,14 +359,6 @@ class SessionManager(BlockScheduler):
         with self._cond:
             recent = [t for t in self.stats.block_times_s if now - t <= window_s]
         return len(recent) / window_s
-
-    def _session_pages(self, session_id: str) -> int:
-        """KV pages the session holds now (0 for a cache without page tables)."""
-        kv = getattr(self.runner.cache, "_sessions", {}).get(session_id)
-        if kv is None:
-            return 0
-        return sum(getattr(getattr(branch, "table", None), "num_pages", 0)
-                   for branch in kv.branches.values())
 
     @property
     def idle_action(self) -> str | None:
@@ -333,23 +389,6 @@ def _check_one_worker(config: RunConfig) -> None:
     if needs_processes(config):
         raise ConfigError("runtime.parallel.workers: a SessionManager is one worker; "
                           "several are a WorkerPool's (ardiff.serve.workers)")
-
-
-def output_folder(config: RunConfig) -> tuple[Path, bool]:
-    """serve.output_dir (created, absolute), or a new temporary folder the server owns (True).
-    One server's recordings, or with --workers the root of each worker's folder."""
-    if config.serve.output_dir is None:
-        return Path(tempfile.mkdtemp(prefix="ardiff-serve-")), True
-    folder = Path(config.serve.output_dir)
-    if not folder.is_absolute():
-        folder = config.base_dir / folder
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"serve.output_dir: cannot create {str(folder)!r} "
-                          f"({type(exc).__name__}: {exc.strerror}); choose a writable "
-                          f"folder") from exc
-    return folder.resolve(), False
 
 
 def _body_path(message: str) -> str:

@@ -13,6 +13,7 @@ client sends names a file: `actions` is a list, never a path. Prompts are capped
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, StrictBool, StrictInt
@@ -23,9 +24,9 @@ from ardiff.config.run import FrameCount, PromptSwitch, RolloutConfig, RunConfig
 from ardiff.errors import ConfigError
 from ardiff.limits import MAX_FPS, MAX_NUM_STEPS, MAX_SEED, MIN_FPS
 
+SESSION_ID = re.compile(r"[A-Za-z0-9_-]{16,128}")  # a client's id: URL-safe, hard to guess
 Mode = Literal["paced", "fast"]
 ImageFormat = Literal["jpeg", "png", "webp"]
-_UNSET = "__config__"  # a key the body left out: the server config's value
 
 
 @dataclass(frozen=True, config=ConfigDict(extra="forbid", use_attribute_docstrings=True))
@@ -36,8 +37,9 @@ class SessionBody:
     """A prompt, or a schedule of switches starting at frame 0 (as rollout.prompt)."""
     negative_prompt: Text | None = None
     seed: Annotated[StrictInt, Field(ge=0, le=MAX_SEED)] | None = None
-    frames: FrameCount | None | Literal["__config__"] = "__config__"
-    """Video frames to make; null: open-ended (until serve.max_frames or DELETE)."""
+    frames: FrameCount | None = None
+    """Video frames to make; null: open-ended (until serve.max_frames or DELETE); left out:
+    rollout.frames (read off the body's keys: no value stands for "left out")."""
     actions: list[Text | list[Text]] | None = None
     """One action (or one per frame) per block, repeating, as rollout.actions; a client's
     `{"action": ...}` message replaces one block's."""
@@ -82,7 +84,7 @@ def read_session_options(body: Any, config: RunConfig, has_actions: bool) -> Ses
     if isinstance(checked.prompt, list):  # a schedule: rollout.prompt's own rules, messages
         schema.validate(RolloutConfig, {"prompt": body["prompt"]})
     _check_prompt_lengths(checked, config.serve.max_prompt_chars)
-    frames = _frames(checked.frames, config)
+    frames = _frames(checked.frames if "frames" in body else config.rollout.frames, config)
     given: dict[str, Any] = {
         "prompt": checked.prompt, "negative_prompt": checked.negative_prompt,
         "seed": checked.seed, "actions": checked.actions, "num_steps": checked.num_steps,
@@ -98,9 +100,7 @@ def read_session_options(body: Any, config: RunConfig, has_actions: bool) -> Ses
     return SessionOptions(merged, frames, mode, checked.image, checked.paused)
 
 
-def _frames(frames: int | None | str, config: RunConfig) -> int | None:
-    if frames == _UNSET:
-        frames = config.rollout.frames
+def _frames(frames: int | None, config: RunConfig) -> int | None:
     if frames is not None and int(frames) > config.serve.max_frames:
         raise ConfigError(f"frames: {frames} is more than this server's serve.max_frames of "
                           f"{config.serve.max_frames}; ask for fewer, or null for an "
@@ -121,3 +121,11 @@ def check_prompt_length(where: str, prompt: str, max_chars: int) -> None:
     if len(prompt) > max_chars:
         raise ConfigError(f"{where}: {len(prompt)} characters, more than this server's "
                           f"serve.max_prompt_chars of {max_chars}; shorten the prompt")
+
+
+def check_session_id(public_id: str) -> None:
+    """Refuse a client's session id that is not 16 to 128 URL-safe characters (ConfigError
+    naming `id`): it goes into URLs and a balancer's hash, never into a file name."""
+    if not SESSION_ID.fullmatch(public_id):
+        raise ConfigError(f"id: {public_id[:40]!r} is not a session id; use 16 to 128 "
+                          f"letters, digits, '-' or '_' (a random one: a UUID4's hex)")

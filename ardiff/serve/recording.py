@@ -1,17 +1,20 @@
 """A session's recorded video: every frame it made, through the video writer, in segments.
 
-    recording = Recording(folder / "session-3.mp4", fps=16)
+    recording = Recording(folder / "session-3.mp4", fps=16, keep=None)
     recording.write(frames)          # the scheduler's thread: uint8 [F, H, W, 3]
     recording.roll()                 # finish the segment so far (a block boundary)
     recording.join(target)           # every finished segment as one mp4 (packets copied)
     recording.close()                # the last segment finished, all joined into `path`
+                                     # (then `keep(path)` moves it where it stays)
 
     session-3.mp4.part0.mp4 | session-3.mp4.part1.mp4 | ...   --join-->   session-3.mp4
 
 An mp4 is playable once its writer closes, so "the video so far" of a live session is its
 segments: `roll` closes the open one (`ardiff.video.writer.VideoWriter`, which alone writes
-the files) and the next frames open another. Joining copies packets (no re-encode). Only
-the scheduler's thread writes and rolls; `join` reads finished segments from any thread.
+the files) and the next frames open another. Joining copies packets (no re-encode); `join`
+first joins the finished segments into one, which the next `join` reuses, so however often
+a client asks for the video a live session holds at most two segments. Only the scheduler's
+thread writes and rolls; `join` runs on any thread; the lock keeps the segment list whole.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import contextlib
 import threading
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -30,16 +33,24 @@ from ardiff.video.writer import VideoWriter
 class Recording:
     """Segments of one session's mp4; `frames` counts what reached the writer."""
 
-    def __init__(self, path: Path, fps: float, scale: int = 1) -> None:
-        self.path, self.fps, self.scale = path, fps, scale
+    def __init__(self, path: Path, fps: float, scale: int = 1,
+                 keep: Callable[[Path], Path] | None = None) -> None:
+        self.path, self.fps, self.scale, self.keep = path, fps, scale, keep
         self.frames = 0
+        self.kept = False
         self._segments: list[Path] = []
+        self._parts = 0  # segment files made: each new one gets the next number
         self._writer: VideoWriter | None = None
-        self._lock = threading.Lock()  # the list of finished segments
+        self._lock = threading.Lock()  # the list of finished segments and their files
+
+    def _next_part(self) -> Path:
+        self._parts += 1
+        return self.path.with_name(f"{self.path.name}.part{self._parts - 1}.mp4")
 
     def write(self, frames: np.ndarray) -> None:
         if self._writer is None:
-            part = self.path.with_name(f"{self.path.name}.part{len(self._segments)}.mp4")
+            with self._lock:
+                part = self._next_part()
             self._writer = VideoWriter(part, self.fps, scale=self.scale)
         self._writer.write(frames)
         self.frames += int(frames.shape[0])
@@ -60,36 +71,47 @@ class Recording:
 
     def join(self, target: Path) -> int:
         """Write the finished segments as one mp4 at `target`; returns its frames (0: none,
-        and nothing written)."""
-        segments = self.segments()
-        if not segments:
-            return 0
-        return join_segments(segments, target)
+        and nothing written). Several finished segments become one first (reused later)."""
+        with self._lock:
+            if len(self._segments) > 1:
+                joined = self._next_part()
+                join_segments(self._segments, joined)
+                for segment in self._segments:
+                    segment.unlink(missing_ok=True)
+                self._segments = [joined]
+            if not self._segments:
+                return 0
+            return join_segments(self._segments, target)
 
     def close(self) -> Path | None:
-        """Finish the last segment and join them into `path` (None: no frame was made)."""
+        """Finish the last segment and join them into `path`, then hand it to `keep` (the
+        path it moved to is `path` from then on). None: no frame was made."""
         self.roll()
-        segments = self.segments()
-        if not segments:
-            return None
-        if len(segments) == 1:
-            segments[0].replace(self.path)
-        else:
-            join_segments(segments, self.path)
-            for segment in segments:
-                segment.unlink(missing_ok=True)
         with self._lock:
+            segments = self._segments
+            if not segments:
+                return None
+            if segments != [self.path]:
+                if len(segments) == 1:
+                    segments[0].replace(self.path)
+                else:
+                    join_segments(segments, self.path)
+                    for segment in segments:
+                        segment.unlink(missing_ok=True)
+            if self.keep is not None and not self.kept:
+                self.path, self.kept = self.keep(self.path), True
             self._segments = [self.path]
-        return self.path
+            return self.path
 
     def remove(self) -> None:
-        """Remove every file of the recording (a closed one: its video)."""
+        """Remove every file the recording made and did not keep."""
         self.roll()
-        for segment in self.segments():
-            with contextlib.suppress(OSError):
-                segment.unlink()
         with self._lock:
-            self._segments = []
+            if not self.kept:
+                for segment in self._segments:
+                    with contextlib.suppress(OSError):
+                        segment.unlink()
+                self._segments = []
 
 
 def join_segments(segments: list[Path], target: Path) -> int:

@@ -5,15 +5,16 @@
            -> frames to each session's recording and client queue -> done / failed
 
 A session is due when it is active and (paced) its tick came, or (fast) always. With a
-pipeline that has `generate_blocks` a turn's sessions share forwards (`execute_batch`: one
-that raises fails every session in it); without, one `execute` each, so a failure is that
-session's alone. The thread sleeps until the next paced tick, a change, or MAX_WAIT_S (so
+pipeline that has `generate_blocks` a turn's sessions share forwards (`execute_rows`: a
+forward that raises before committing runs each session again alone, so a failing row
+fails its own session only); without, one `execute` each. The thread sleeps until the next paced tick, a change, or MAX_WAIT_S (so
 idle timeouts are seen). It never raises: an unexpected error is kept in
 `scheduler_error`, every session is closed and the thread ends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ class ServeStats:
 
     created: int = 0
     refused: int = 0
+    done: int = 0
     failed: int = 0
     closed: int = 0
     blocks: int = 0
@@ -55,6 +57,8 @@ class BlockScheduler:
     _cond: threading.Condition
     _thread: threading.Thread
     _stopping: bool
+    _files: threading.Lock    # held while this thread touches a recording
+    abandoned: bool           # the stop took the files over: touch none
 
     @property
     def _thread_gone(self) -> bool:
@@ -67,7 +71,12 @@ class BlockScheduler:
         except BaseException as exc:  # noqa: BLE001 - kept for shutdown to report
             self.scheduler_error = exc
         finally:
-            self._close_everything()
+            with self._files:
+                if not self.abandoned:
+                    self._close_everything()
+            if self.abandoned:  # the stuck forward returned after the stop: its pages back
+                with contextlib.suppress(Exception):
+                    self.runner.close()
 
     def _turn(self) -> bool:
         """One turn: closes and rolls, then one block of each due session (up to `batch`).
@@ -85,12 +94,15 @@ class BlockScheduler:
                 self._cond.wait(self._wait_s(now))
                 return True
             work = [(s, s.walker.next_request()) for s in due]
-        self._finish(closing, rolling)
-        for s, request in work:
-            if request is None:
-                self._done(s)
+        with self._files:
+            if self.abandoned:
+                return False
+            self._finish(closing, rolling)
+            for s, request in work:
+                if request is None:
+                    self._done(s)
         work = [(s, r) for s, r in work if r is not None]
-        while work:
+        while work and not self.abandoned:
             self._run(work[:self.batch])
             work = work[self.batch:]
         return True
@@ -107,26 +119,31 @@ class BlockScheduler:
         return max(0.0, min([MAX_WAIT_S, *ticks]))
 
     def _run(self, work: list[tuple[ServeSession, Any]]) -> None:
-        sessions, requests = [s for s, _ in work], [r for _, r in work]
+        requests = [r for _, r in work]
         started = time.monotonic()
         try:
-            results = self._execute(requests)
+            results: list[BlockResult | BaseException] = self._execute(requests)
         except Exception as exc:  # noqa: BLE001 - the batch's sessions fail, not the server
-            for session in sessions:
-                self._fail(session, exc)
-            return
-        for session, request, result in zip(sessions, requests, results):
+            results = [exc] * len(requests)
+        with self._files:
+            if not self.abandoned:  # else the stop failed these sessions already
+                self._take(work, results, started)
+
+    def _take(self, work: list[tuple[ServeSession, Any]],
+              results: list[BlockResult | BaseException], started: float) -> None:
+        """A forward's results to their sessions: frames delivered, or the session failed."""
+        for (session, request), result in zip(work, results):
             if isinstance(result, BaseException):
                 self._fail(session, result)
                 continue
             try:  # a device error surfaces here on CUDA; a full disk in the recording
-                self._deliver(session, request, result, started)
+                self._deliver(session, request, result, started, len(work))
             except Exception as exc:  # noqa: BLE001 - that session fails, not the server
                 self._fail(session, exc)
 
     def _execute(self, requests: list[Any]) -> list[BlockResult | BaseException]:
-        if len(requests) > 1 and self.batch > 1:
-            return list(self.runner.execute_batch(requests))
+        if self.batch > 1:
+            return list(self.runner.execute_rows(requests))
         results: list[BlockResult | BaseException] = []
         for request in requests:  # one by one: a failure is that session's alone
             try:
@@ -136,8 +153,9 @@ class BlockScheduler:
         return results
 
     def _deliver(self, session: ServeSession, request: Any, result: BlockResult,
-                 started_s: float) -> None:
+                 started_s: float, rows: int) -> None:
         latency = result.latency_s
+        pages = self.runner.session_pages(session.session_id)  # this thread alone asks
         wanted = session.walker.frames - session.frames_made
         frames = result.output.frames[:max(0, wanted)].detach().to("cpu").numpy()
         if frames.shape[0]:
@@ -150,6 +168,9 @@ class BlockScheduler:
             session.blocks += 1
             session.latencies_s.append(latency)
             session.last_run_s = time.monotonic()
+            session.add_timing(request.block_index, started_s, session.last_run_s, latency,
+                               rows, result.output.extra.get("stage_times_s"))
+            session.kv_pages = pages
             if session.options.mode == "paced":
                 period = frames.shape[0] / session.options.fps
                 session.next_tick_s = max(session.next_tick_s + period, started_s)
@@ -172,23 +193,31 @@ class BlockScheduler:
         with self._cond:
             if not session.state.is_final:
                 session.state = State.DONE
+                self.stats.done += 1
             self._cond.notify_all()
         session.queue.wake()
 
     def _fail(self, session: ServeSession, exc: BaseException) -> None:
         self._release(session)  # the runner released it already; a batch's others too
+        self._fail_files(session, " ".join(str(exc).split()) or type(exc).__name__)
+
+    def _fail_files(self, session: ServeSession, error: str) -> None:
+        """The session failed with `error` (one line): its video finished, its client told.
+        A session already ended keeps its state."""
         try:
             session.recording.close()
         except Exception:  # noqa: BLE001 - the session's end goes on without its video
             pass
         with self._cond:
-            session.state = State.FAILED
-            session.error = " ".join(str(exc).split()) or type(exc).__name__
-            self.stats.failed += 1
+            if not session.state.is_final:
+                session.state = State.FAILED
+                session.error = error
+                self.stats.failed += 1
             self._cond.notify_all()
         session.queue.wake()
 
     def _release(self, session: ServeSession) -> None:
+        session.kv_pages = 0
         if session.session_id in self.runner.sessions:
             try:
                 self.runner.close_session(session.session_id)

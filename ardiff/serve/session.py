@@ -19,13 +19,36 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from ardiff.errors import ArdiffError
 from ardiff.rollout.report import percentile
 from ardiff.serve.blocks import BlockWalker
 from ardiff.serve.frames import FrameQueue
 from ardiff.serve.options import SessionOptions
 from ardiff.serve.recording import Recording
 
+
+class SessionRefused(ArdiffError):
+    """No session slot or KV room is free (or the server is stopping): try again later."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class UnknownSession(ArdiffError):
+    """No live session has this id."""
+
+
+class SessionBusy(ArdiffError):
+    """Another client streams this session."""
+
+
+class SessionExists(ArdiffError):
+    """A session with the id a client chose exists already."""
+
+
 LATENCY_WINDOW_BLOCKS = 1024  # the latency percentiles a session reports: its recent blocks
+TIMING_WINDOW_BLOCKS = 64     # the per-block timings a session reports: its most recent
 
 
 class State(enum.Enum):
@@ -61,7 +84,25 @@ class ServeSession:
     blocks: int = 0
     close_requested: bool = False
     roll_requested: bool = False
+    kv_pages: int = 0           # the runner's count after its last block (the scheduler's)
     latencies_s: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW_BLOCKS))
+    timings: deque[dict[str, Any]] = field(
+        default_factory=lambda: deque(maxlen=TIMING_WINDOW_BLOCKS))
+
+    def add_timing(self, block: int, started_s: float, ended_s: float, forward_s: float,
+                   rows: int, stages_s: Any = None) -> None:
+        """One block's times (monotonic `started_s`, `ended_s`), kept as seconds since the
+        session was created; `stages_s`: the pipeline's own stage times, when it gives them
+        (`BlockOutput.extra["stage_times_s"]`, a mapping of name to seconds)."""
+        timing: dict[str, Any] = {
+            "block": block, "start_s": round(started_s - self.created_s, 6),
+            "end_s": round(ended_s - self.created_s, 6), "forward_s": round(forward_s, 6),
+            "rows": rows}
+        if isinstance(stages_s, dict):
+            timing["stages_s"] = {str(name): round(float(value), 6)
+                                  for name, value in stages_s.items()
+                                  if isinstance(value, (int, float))}
+        self.timings.append(timing)
 
     @property
     def is_runnable(self) -> bool:
@@ -82,5 +123,5 @@ class ServeSession:
                            for name, value in (("p50", percentile(latencies, 50)),
                                                ("p95", percentile(latencies, 95)),
                                                ("max", max(latencies, default=None)))},
-            "kv_pages": pages, "error": self.error,
+            "kv_pages": pages, "error": self.error, "timings": list(self.timings),
         }

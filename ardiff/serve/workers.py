@@ -21,55 +21,38 @@ decides.
 
 from __future__ import annotations
 
-import collections
+import contextlib
 import dataclasses
 import os
 import secrets
-import shutil
 import signal
-import socket
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from types import FrameType
 from typing import Any, Callable
 
 from ardiff.config.run import RunConfig, with_base_dir
 from ardiff.distributed.topology import check_devices, rank_budget, rank_device, rank_threads
 from ardiff.engine.device import resolve_device
-from ardiff.errors import EXIT_FAILED, ArdiffError, CapacityError, ConfigError, RunError
+from ardiff.errors import ArdiffError, CapacityError, ConfigError, RunError
 from ardiff.launch.parent import host_cores
+from ardiff.serve.folder import TEMP_PREFIX, sweep, sweep_temp
+from ardiff.serve.routing import RouteTable
+from ardiff.serve.worker import BLOCKED_AT_START, WorkerJob, worker_main
 
 POLL_S = 0.25            # how often the monitor looks at its workers
 SWEEP_S = 2.0            # how often it forgets routes of sessions a worker no longer has
 START_TIMEOUT_S = 600.0  # a worker that is not serving this long after its start is failed
-STOP_TIMEOUT_S = 150.0   # a worker asked to stop that has not this long later is killed
+STOP_MARGIN_S = 10.0     # a worker asked to stop that has not serve.stop_timeout_s + this
+                         # later is killed
 RESTART_BACKOFF_S = (1.0, 30.0)  # a worker that dies while it loads: first and longest wait
-MAX_LOST = 10_000        # records of sessions lost with a worker, kept for their clients
-PRELOAD = ["torch", "ardiff.serve.app", "ardiff.serve.workers"]  # the forkserver imports them
+HUNG_AFTER_S = 3.0       # a ready worker silent this long (SIGSTOPped, hung) is killed
+PRELOAD = ["torch", "ardiff.serve.app", "ardiff.serve.worker"]  # the forkserver imports them
 WORKER_HEADER = "x-ardiff-worker"  # every worker response names its worker
-BLOCKED_AT_START = {signal.SIGINT, signal.SIGHUP, signal.SIGTERM}
-
-
-@dataclass(frozen=True)
-class WorkerJob:
-    """What the front hands a worker process (picklable)."""
-
-    config: RunConfig   # this worker's: its device, memory share and output folder
-    index: int
-    secret: str         # the worker app's token; only the front has it
-    threads: int
-    max_message_bytes: int
-
-
-@dataclass
-class Route:
-    worker: int
-    generation: int
-    added_s: float
 
 
 @dataclass
@@ -93,6 +76,9 @@ class WorkerSlot:
     backoff_s: float = RESTART_BACKOFF_S[0]
     output_dir: Path | None = None
     final: dict[str, Any] | None = None  # its stats, sent when it stopped
+    beat_s: float = 0.0       # when it last said anything (its beats: every BEAT_S)
+    load: dict[str, Any] | None = None  # its last beat: sessions, capacity, KV pages
+    hung: bool = False        # killed for its silence
 
     @property
     def url(self) -> str:
@@ -104,7 +90,7 @@ class WorkerPool:
     worker (died, restarted) for the command to print."""
 
     def __init__(self, config: RunConfig, on_event: Callable[[str], None] | None = None) -> None:
-        from ardiff.serve.manager import check_serve_config, output_folder
+        from ardiff.serve.manager import check_serve_config
 
         check_serve_config(config)
         parallel = config.runtime.parallel
@@ -121,10 +107,10 @@ class WorkerPool:
         self.on_event = on_event or (lambda line: None)
         self.secret = secrets.token_urlsafe(32)
         self.threads = rank_threads(parallel.threads, host_cores(), self.size)
-        self.output_root, self.owns_output_root = output_folder(config)  # workers: a folder each
+        self.output_root, self.owns_output_root = output_root(config)  # each worker: its own
+                                                                          # RunFolder inside
         self.slots = [WorkerSlot(i, rank_device(device, i)) for i in range(self.size)]
-        self.routes: dict[str, Route] = {}
-        self.lost: collections.OrderedDict[str, tuple[int, str]] = collections.OrderedDict()
+        self.table = RouteTable()  # guarded by self._lock
         self.placing = [0] * self.size  # session creations in flight, per worker
         self.created = 0
         self.accepting = True
@@ -173,8 +159,7 @@ class WorkerPool:
         from ardiff.serve.manager import check_serve_config
 
         slot.generation += 1
-        name = f"worker-{slot.index}" + (f"-{slot.generation}" if slot.generation else "")
-        slot.output_dir = self.output_root / name
+        slot.output_dir = self.output_root
         job = WorkerJob(self._worker_config(slot, slot.output_dir), slot.index, self.secret,
                         self.threads, self.config.serve.max_message_bytes)
         check_serve_config(job.config)
@@ -192,7 +177,8 @@ class WorkerPool:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         child_end.close()
         slot.proc, slot.conn, slot.pid = proc, parent_end, proc.pid
-        slot.state, slot.port, slot.final = "starting", None, None
+        slot.state, slot.port, slot.final, slot.hung = "starting", None, None, False
+        slot.load = None
         slot.started_s = time.monotonic()
 
     def _worker_config(self, slot: WorkerSlot, output_dir: Path) -> RunConfig:
@@ -212,10 +198,17 @@ class WorkerPool:
         with self._lock:
             return [slot for slot in self.slots if slot.state == "ready"]
 
+    def loads(self) -> list[tuple[WorkerSlot, dict[str, Any]]]:
+        """Each serving worker with its last told load ({sessions, capacity,
+        kv_pages_in_use, kv_pages_total}), pushed with its beats."""
+        with self._lock:
+            return [(slot, slot.load) for slot in self.slots
+                    if slot.state == "ready" and slot.load is not None]
+
     def route(self, session_id: str) -> WorkerSlot | None:
         """The worker that holds the session (None: not a live session of any worker)."""
         with self._lock:
-            route = self.routes.get(session_id)
+            route = self.table.get(session_id)
             if route is None:
                 return None
             slot = self.slots[route.worker]
@@ -225,33 +218,32 @@ class WorkerPool:
         with self._lock:
             self.created += 1
             if slot.generation == generation and slot.state == "ready":
-                self.routes[session_id] = Route(slot.index, generation, time.monotonic())
+                self.table.add(session_id, slot.index, generation)
+                if slot.load is not None:  # counted until its next beat says so itself
+                    slot.load = {**slot.load, "sessions": slot.load["sessions"] + 1}
             else:  # it died between its answer and now
-                self._remember_lost(session_id, slot.index, slot.error or "its worker stopped")
+                self.table.remember_lost(session_id, slot.index,
+                                         slot.error or "its worker stopped")
 
     def forget(self, session_id: str) -> None:
         """The session is closed (or its worker no longer has it)."""
         with self._lock:
-            self.routes.pop(session_id, None)
-            self.lost.pop(session_id, None)
+            self.table.forget(session_id)
 
     def lost_error(self, session_id: str) -> tuple[int, str] | None:
         """(worker, why) of a session that was lost with its worker."""
         with self._lock:
-            return self.lost.get(session_id)
+            return self.table.lost_error(session_id)
 
     def lost_sessions(self) -> list[tuple[str, int, str]]:
         """(id, worker, why) of every session lost with its worker, oldest first."""
         with self._lock:
-            return [(sid, worker, error) for sid, (worker, error) in self.lost.items()]
+            return self.table.lost_sessions()
 
     def routed(self) -> list[int]:
         """Sessions routed to each worker now."""
         with self._lock:
-            counts = [0] * self.size
-            for route in self.routes.values():
-                counts[route.worker] += 1
-            return counts
+            return self.table.counts(self.size)
 
     def begin_shutdown(self) -> None:
         """Take no new session from now on (503); the running ones go on."""
@@ -293,20 +285,29 @@ class WorkerPool:
         if proc.is_alive():
             if slot.state == "starting" and now - slot.started_s > START_TIMEOUT_S:
                 _end(proc)  # stuck while it loads: its death below restarts it
+            elif slot.state == "ready" and now - slot.beat_s > HUNG_AFTER_S:
+                slot.hung = True  # stopped or hung: its callers would wait for ever
+                proc.kill()       # SIGKILL ends a stopped process too; its death restarts it
             return
         self._read(slot)
         if self._stopping:
             return
-        self._died(slot, _ended(proc))
+        self._died(slot, f"did not answer for {HUNG_AFTER_S:g} s (stopped or hung); killed"
+                   if slot.hung else _ended(proc))
 
     def _read(self, slot: WorkerSlot, starting: bool = False) -> None:
         conn = slot.conn
         try:
             while conn is not None and not conn.closed and conn.poll():
                 kind, payload = conn.recv()
-                if kind == "ready":
+                slot.beat_s = time.monotonic()
+                if kind == "beat":
+                    with self._lock:
+                        slot.load = payload
+                elif kind == "ready":
                     with self._lock:
                         slot.port, slot.capacity = payload["port"], payload["capacity"]
+                        slot.load = {"sessions": 0, "capacity": slot.capacity}  # new: empty
                         slot.state, slot.backoff_s = "ready", RESTART_BACKOFF_S[0]
                     if slot.restarts:
                         self.on_event(f"worker {slot.index}: serving again (pid {slot.pid})")
@@ -331,11 +332,7 @@ class WorkerPool:
                  f"new one" if was == "ready" else
                  f"worker {slot.index} failed while it loaded ({slot.error or how})")
         with self._lock:
-            lost = [sid for sid, route in self.routes.items() if route.worker == slot.index]
-            for sid in lost:
-                del self.routes[sid]
-                if not clean:
-                    self._remember_lost(sid, slot.index, error)
+            lost = self.table.fail_worker(slot.index, None if clean else error)
             slot.lost += 0 if clean else len(lost)
             slot.state, slot.port, slot.error = "restarting", None, error
             wait_s = 0.0 if was == "ready" and not clean else slot.backoff_s
@@ -346,16 +343,10 @@ class WorkerPool:
             slot.conn.close()
         if slot.proc is not None:
             slot.proc.join(0)
-        if not self.config.serve.keep_videos and slot.output_dir is not None:
-            shutil.rmtree(slot.output_dir, ignore_errors=True)  # its unfinished recordings
+        sweep(self.output_root)  # its work folder: unfinished recordings (kept ones stay)
         self.on_event(f"worker {slot.index}: {how}" + (
             f"; it closed its {len(lost)} session(s)" if clean else
             f"; {len(lost)} session(s) failed" if was == "ready" else f"; {slot.error}"))
-
-    def _remember_lost(self, session_id: str, worker: int, error: str) -> None:
-        self.lost[session_id] = (worker, error)
-        while len(self.lost) > MAX_LOST:
-            self.lost.popitem(last=False)
 
     def _sweep(self) -> None:
         """Forget the routes of sessions their worker no longer has (closed when idle or
@@ -371,17 +362,14 @@ class WorkerPool:
             except Exception:  # noqa: BLE001 - a worker that does not answer: next time
                 continue
             with self._lock:
-                for sid, route in list(self.routes.items()):
-                    if (route.worker == slot.index and route.generation == generation
-                            and route.added_s < asked_s and sid not in ids):
-                        del self.routes[sid]
+                self.table.drop_missing(slot.index, generation, asked_s, ids)
 
     @property
     def auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.secret}"}
 
     # -- stopping ------------------------------------------------------------------------
-    def shutdown(self, timeout_s: float = STOP_TIMEOUT_S) -> dict[str, Any]:
+    def shutdown(self, timeout_s: float | None = None) -> dict[str, Any]:
         """Ask every worker to stop (each closes its sessions, its pages back, and exits),
         wait for them, remove what they recorded unless `serve.keep_videos`. Returns the
         totals (sessions served, closed, failed, lost; KV pages in use and in all; workers
@@ -398,25 +386,39 @@ class WorkerPool:
                     slot.conn.send("stop")
                 except (OSError, ValueError):
                     pass
+        if timeout_s is None:
+            timeout_s = self.config.serve.stop_timeout_s + STOP_MARGIN_S
         deadline = time.monotonic() + timeout_s
         for slot in self.slots:
             if slot.proc is not None:
-                slot.proc.join(max(0.0, deadline - time.monotonic()))
-                self._read(slot)
+                self._wait_stopped(slot, deadline)
         self._stopped = self._totals()
         self._end_all()
         self._remove_outputs()
         return self._stopped
 
+    def _wait_stopped(self, slot: WorkerSlot, deadline: float) -> None:
+        """Wait for a worker asked to stop, reading its pipe (its beats, its stats); one
+        silent for HUNG_AFTER_S (stopped, hung) is killed at once, not waited for."""
+        proc = slot.proc
+        assert proc is not None
+        slot.beat_s = max(slot.beat_s, time.monotonic())  # from the "stop" on
+        while proc.is_alive() and time.monotonic() < deadline:
+            proc.join(POLL_S)
+            self._read(slot)
+            if proc.is_alive() and time.monotonic() - slot.beat_s > HUNG_AFTER_S:
+                slot.error = f"did not answer for {HUNG_AFTER_S:g} s at the stop; killed"
+                proc.kill()
+                proc.join(5.0)
+        self._read(slot)
+
     def _remove_outputs(self) -> None:
-        """The workers' folders (unless `serve.keep_videos`), and a temporary root."""
-        if self.config.serve.keep_videos:
-            return
-        for slot in self.slots:
-            if slot.output_dir is not None:
-                shutil.rmtree(slot.output_dir, ignore_errors=True)
+        """What workers that did not stop left (their work folders), and a temporary root
+        unless it holds kept videos. Each worker removed its own folder as it stopped."""
+        sweep(self.output_root)
         if self.owns_output_root:
-            shutil.rmtree(self.output_root, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.output_root.rmdir()
 
     def _totals(self) -> dict[str, Any]:
         finals = [slot.final for slot in self.slots if slot.final is not None]
@@ -440,6 +442,16 @@ class WorkerPool:
             if slot.conn is not None:
                 slot.conn.close()
             slot.state = "stopped"
+
+
+def output_root(config: RunConfig) -> tuple[Path, bool]:
+    """The folder the workers share (each makes its own RunFolder in it): serve.output_dir,
+    or a new temporary folder the pool owns (True)."""
+    if config.serve.output_dir is not None:
+        folder = Path(config.serve.output_dir)
+        return (folder if folder.is_absolute() else config.base_dir / folder), False
+    sweep_temp()
+    return Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")), True
 
 
 def _start_forkserver() -> None:
@@ -481,80 +493,3 @@ def _end(proc: BaseProcess) -> None:
     if proc.is_alive():
         proc.kill()
         proc.join()
-
-
-# -- the worker process ------------------------------------------------------------------
-def worker_main(job: WorkerJob, conn: Connection) -> None:
-    """A worker process: load, serve the app on a private loopback port until the front
-    says stop (or is gone, or SIGTERM), close every session, send the stats, exit."""
-    for signum in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, BLOCKED_AT_START)
-    try:
-        import torch
-
-        torch.set_num_threads(job.threads)
-        from ardiff.serve.app import create_app
-        from ardiff.serve.manager import SessionManager
-
-        manager = SessionManager.build(job.config)
-    except BaseException as exc:  # noqa: BLE001 - the front decides what a failed load means
-        code = exc.exit_code if isinstance(exc, ArdiffError) else EXIT_FAILED
-        line = str(exc) if isinstance(exc, ArdiffError) else f"{type(exc).__name__}: {exc}"
-        _send(conn, "error", {"error": line, "exit_code": code})
-        return
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(128)
-    server = _worker_server(create_app(manager, job.secret, worker=job.index), manager,
-                            job.max_message_bytes)
-    threading.Thread(target=_follow_front, args=(conn, server, manager), daemon=True).start()
-    _send(conn, "ready", {"port": listener.getsockname()[1], "pid": os.getpid(),
-                          "capacity": manager.capacity})
-    try:
-        server.run(sockets=[listener])
-    finally:
-        manager.shutdown()
-        in_use, total = manager.kv_pages()
-        error = manager.scheduler_error
-        _send(conn, "stopped", {
-            "closed": manager.stats.closed, "failed": manager.stats.failed,
-            "kv_pages_in_use": in_use, "kv_pages_total": total,
-            "scheduler_error": None if error is None else f"{type(error).__name__}: {error}"})
-        listener.close()
-
-
-def _send(conn: Connection, kind: str, payload: dict[str, Any]) -> None:
-    try:
-        conn.send((kind, payload))
-    except (OSError, ValueError):
-        pass  # the front is gone: nobody to tell
-
-
-def _follow_front(conn: Connection, server: Any, manager: Any) -> None:
-    """The front's "stop", or its end (a front killed outright): stop serving."""
-    try:
-        conn.recv()
-    except (EOFError, OSError):
-        pass
-    manager.begin_shutdown()
-    server.should_exit = True
-
-
-def _worker_server(app: Any, manager: Any, max_message_bytes: int) -> Any:
-    import uvicorn
-
-    class WorkerServer(uvicorn.Server):
-        """SIGTERM: stop taking sessions, then uvicorn's graceful stop; SIGINT is the
-        front's to decide (ignored); neither is raised again once stopped (exit 0)."""
-
-        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            if sig == signal.SIGINT:
-                return
-            manager.begin_shutdown()
-            self.should_exit = True
-
-    return WorkerServer(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                       ws_max_size=max_message_bytes,
-                                       timeout_graceful_shutdown=30))
-

@@ -126,7 +126,7 @@ def test_speedup_is_paired_per_step_on_the_time_per_frame():
      "4 resident (its session_capacity); use batch sizes up to 4, or raise it where the "
      "pipeline takes it (e.g. --set pipeline.args.session_capacity=8)"),
     ([4], CapacityError, "--batch: 4 sessions in one forward, but runtime.memory_budget "
-     "(3.0KiB) holds 1 with their blocks in flight; use smaller batch sizes, or raise "
+     "(3.0KiB) holds 2 with their blocks in flight; use smaller batch sizes, or raise "
      "runtime.memory_budget"),
 ])
 def test_sizes_the_pipeline_or_the_budget_cannot_hold_are_refused(tmp_path, sizes, error,
@@ -145,11 +145,13 @@ def test_the_cli_prints_a_row_per_size_and_the_json(tmp_path):
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert "--batch: 1 repeats x 1 blocks per batch size" in lines[0]
-    assert lines[2].startswith("| B | sessions per forward | block latency per session |")
+    assert lines[2].startswith("| B | forwards | latency | frames/s |")
     assert lines[4].startswith("| 1 | 1 | ") and lines[5].startswith("| 2 | 2 | ")
-    assert "| 0 (2 of 2 rows) |" in lines[5]
+    assert "| 0 (2/2 rows) |" in lines[5]
     data = json.loads((tmp_path / "b.json").read_text())
     assert [size["batch"] for size in data["sizes"]] == [1, 2]
+    blocks = data["sizes"][1]["blocks"]  # per timed block: its wall and CPU seconds, frames
+    assert len(blocks["wall_s"]) == len(blocks["cpu_s"]) == len(blocks["frames"]) == 1
 
 
 @pytest.mark.parametrize("args, message", [

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from extras import require_extra
 from typer.testing import CliRunner
 
 from ardiff_cli.bench import startup_seconds
@@ -53,6 +54,8 @@ def test_bench_json_has_paired_ratios_equal_frames_and_exact_paged_bytes(tmp_pat
     paged, dense = data["arms"]["paged"], data["arms"]["dense"]
     for arm in (paged, dense):  # 2 repeats x 2 blocks, wall and model-thread CPU
         assert arm["wall_s"]["n"] == arm["cpu_s"]["n"] == 4 and arm["wall_s"]["median"] > 0
+        assert len(arm["blocks"]["wall_s"]) == len(arm["blocks"]["cpu_s"]) == 4  # per block
+        assert min(arm["blocks"]["wall_s"]) > 0
     ratio = data["ratios"]["paged/dense"]["wall"]
     assert ratio["n"] == 4 and ratio["p10"] <= ratio["median"] <= ratio["p90"]
     assert data["max_abs_frame_diff"]["paged/dense"] <= 1
@@ -65,16 +68,23 @@ def test_bench_json_has_paired_ratios_equal_frames_and_exact_paged_bytes(tmp_pat
         {"median": 0.25, "p10": 0.21, "p90": 0.29, "n": 3})
     assert data["startup_s"]["help"]["cpu"]["median"] == pytest.approx(0.2)
     assert data["machine"]["torch_threads"] == 1
+    assert data["machine"]["cpu_model"] and data["machine"]["cpu_capability"]
     assert timed_commands == [["--help"], ["inspect-spec", str(tmp_path / "bench.yaml")]]
     # The window bounds the pages whatever the length: history + one block in flight.
     assert data["sweep"][0]["pages_in_use_max"] == data["sweep"][1]["pages_in_use_max"]
 
 
-def test_bench_table_prints_targets_and_no_encode_skips_the_encode_runs(tmp_path,
-                                                                        timed_commands):
+def test_bench_table_prints_measurements_and_no_encode_skips_the_encode_runs(tmp_path,
+                                                                             timed_commands):
+    """Measurements only (#35): no targets, no met/MISSED; a header on every column; the
+    machine (CPU model, torch's CPU capability) in the title; within 100 columns."""
     result = run_bench(tmp_path, "--no-encode")
     assert result.exit_code == 0, result.output
-    assert "paged / dense (wall)" in result.stdout and "<= 1.03" in result.stdout
+    assert "paged / dense (wall)" in result.stdout
+    assert not any(word in result.stdout for word in ("<= 1.03", "MISSED", " met ", "target"))
+    assert "measure" in result.stdout and "p10-p90" in result.stdout
+    assert "torch CPU capability" in result.stdout
+    assert max(len(line) for line in result.stdout.splitlines()) <= 100
     assert "paged / dense (CPU)" in result.stdout
     assert "ardiff / reference loop" in result.stdout and "hand-written" in result.stdout
     assert "compile_layers" in result.stdout  # the synthetic pipeline cannot be compiled
@@ -88,7 +98,7 @@ def test_markdown_prints_a_table_to_paste_with_the_load_it_ran_under(tmp_path,
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert "load average" in lines[0] and "1 torch thread" in lines[0]
-    assert lines[2] == "| measure | median | p10-p90 | target |  |"
+    assert lines[2] == "| measure | median | p10-p90 |"
     assert any(line.startswith("| paged / dense (wall) | ") for line in lines)
     assert any(line.startswith("| eager / compiled | - (not asked for") for line in lines)
 
@@ -206,7 +216,7 @@ def test_actions_are_checked_as_a_rollout_checks_them(monkeypatch):
 
 def test_a_plot_that_cannot_be_written_is_exit_1_after_the_numbers(tmp_path, monkeypatch,
                                                                    timed_commands):
-    pytest.importorskip("matplotlib")
+    require_extra("plot")
     from ardiff.errors import OutputPathError
 
     def disk_full(timeline, path, *args):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import yaml
+from extras import require_extra
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -21,7 +21,7 @@ TINY = {"pipeline": {"entry": "ardiff.pipelines.synthetic:SyntheticAttention",
 
 
 def test_bench_measures_the_preview_and_draws_the_plot(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")
+    require_extra("plot")
     monkeypatch.setattr("ardiff_cli.bench.startup_seconds", lambda args: {"wall": [0.1], "cpu": [0.1]})
     config = tmp_path / "bench.yaml"
     config.write_text(yaml.safe_dump(TINY))

@@ -50,6 +50,7 @@ TABLE_HEADER = "| bad input | exit | message |"
 TABLE_RULE = "|---|---|---|"
 
 from catalogue_cases import BASE, CASES, NO_CUDA, READ_ONLY, Case
+from extras import extra_skip_reason, missing_extra_packages
 
 SUBPROCESS = [case for case in CASES if case.subprocess]
 
@@ -107,7 +108,15 @@ def listing(folder: Path) -> set[str]:
 
 
 def can_run(case: Case) -> bool:
-    return not (case.needs == NO_CUDA and torch.cuda.is_available())
+    return skip_reason(case) is None
+
+
+def skip_reason(case: Case) -> str | None:
+    """Why this machine cannot run the case (None: it can)."""
+    if case.needs == NO_CUDA and torch.cuda.is_available():
+        return "CUDA is available here"
+    missing = missing_extra_packages(case.extra) if case.extra else []
+    return extra_skip_reason(case.extra, missing) if missing else None
 
 
 def deny_writes_to(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -183,14 +192,14 @@ def test_case_names_are_unique():
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
 def test_bad_input_exits_with_its_code_and_one_line_that_names_the_fix(case, outcomes):
     if not can_run(case):
-        pytest.skip("CUDA is available here")
+        pytest.skip(skip_reason(case))
     outcome, folder = outcomes[case.id]
     assert_refused(case, outcome, folder)
 
 
 def test_the_whole_catalogue_shows_no_traceback_and_creates_no_file(outcomes):
     runs = [outcome for outcome, _folder in outcomes.values()]
-    assert len(runs) >= len(CASES) - 1  # all but the CUDA case on a CUDA machine
+    assert len(runs) == sum(map(can_run, CASES))
     assert sum(outcome.tracebacks for outcome in runs) == 0
     assert [outcome.created for outcome in runs if outcome.created] == []
     assert {outcome.exit_code for outcome in runs} <= {1, 2, 3}
@@ -200,7 +209,7 @@ def test_the_whole_catalogue_shows_no_traceback_and_creates_no_file(outcomes):
 @pytest.mark.parametrize("case", SUBPROCESS, ids=lambda case: case.id)
 def test_the_installed_command_says_the_same(case, outcomes, tmp_path):
     if not can_run(case):
-        pytest.skip("CUDA is available here")
+        pytest.skip(skip_reason(case))
     outcome = run_installed(case, tmp_path)
 
     assert_refused(case, outcome, tmp_path)

@@ -24,7 +24,7 @@ USAGE_ERRORS = {
     "unknown-flag": (["rollout", "--bogus"],
                      r"No such option: --bogus \(see `ardiff rollout --help`\)"),
     "missing-argument": (["inspect-spec"],
-                         r"Missing argument 'config'. \(see `ardiff inspect-spec --help`\)"),
+                         r"Missing argument 'CONFIG'. \(see `ardiff inspect-spec --help`\)"),
     "unknown-command": (["nosuch"], r"No such command 'nosuch'. \(see `ardiff --help`\)"),
 }
 

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from extras import require_extra
 from PIL import Image
 from rich.console import Console
 
@@ -138,7 +139,7 @@ def test_without_a_terminal_preview_is_silently_off(ardiff_main, tmp_path):
 
 @pytest.mark.parametrize("suffix", [".png", ".html"])
 def test_report_draws_the_run(ardiff_main, tmp_path, suffix):
-    pytest.importorskip("matplotlib")
+    require_extra("plot")
     path = tmp_path / f"run{suffix}"
     result = rollout(ardiff_main, tmp_path, "out.npy", "--report", path, "-q")
     assert result.exit_code == 0, result.output

@@ -345,7 +345,7 @@ REFUSALS = {
                       ["rollout.frames: 20", "max_model_len is 8", "lower rollout.frames to 8"]),
     "interleave": ({"session_capacity": 2},
                    ["--set", "rollout.prompts=[a, b, c]", "--set", "rollout.interleave=true"],
-                   ["rollout.interleave", "3 prompts", "fits 2"]),
+                   ["rollout.interleave", "3 prompts", "session_capacity of 2", "keeps 2"]),
 }
 
 
@@ -503,6 +503,38 @@ def test_a_prompt_longer_than_the_text_length_is_a_warning_naming_both(tmp_path)
                "text length of 3 tokens; the model sees only the first 3")
     assert f"warning: {warning}" in result.stderr.splitlines()
     assert load_stats(tmp_path / "stats.json")["warnings"] == [warning]
+
+
+def test_timeline_writes_a_json_line_per_block_and_the_json_lists_them(tmp_path):
+    result = ardiff(tmp_path, "rollout", "--frames", 6, "--timeline", "t.jsonl",
+                    "--json", "stats.json", "-o", "out.npy")
+
+    assert result.exit_code == 0, result.stderr
+    lines = (tmp_path / "t.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["block"] for r in records] == list(range(6))  # the default: a frame per block
+    assert load_stats(tmp_path / "stats.json")["blocks"] == records
+    assert {"denoise_s", "commit_s", "other_s", "encode_wait_s", "pages_in_use"} <= set(
+        records[0])
+
+
+def test_a_timeline_path_is_checked_before_the_run(tmp_path):
+    result = ardiff(tmp_path, "rollout", "--frames", 2, "--timeline", "missing/t.jsonl",
+                    "-o", "out.npy")
+    assert result.exit_code == 2
+    assert_one_error_line(result, "--timeline", "does not exist")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_prompt_to_the_default_model_is_a_warning_in_the_terminal_and_json(tmp_path):
+    result = ardiff(tmp_path, "rollout", "--prompt", "a red ball", "--frames", 2,
+                    "--json", "stats.json", "-o", "out.npy")
+
+    assert result.exit_code == 0, result.stderr
+    warning = ("rollout.prompt: given, but this pipeline ignores prompts (its inputs declare "
+               "prompt: ignored); the video does not depend on it; remove rollout.prompt")
+    assert f"warning: {warning}" in result.stderr.splitlines()
+    assert warning in load_stats(tmp_path / "stats.json")["warnings"]
 
 
 # -- the CI script ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 import yaml
+from extras import require_extra
 from fifos import late_reader, read_fifo
 
 from ardiff.video import disk
@@ -52,6 +53,7 @@ def draws_text(monkeypatch) -> None:
                         lambda timeline, path, title, summary: Path(path).write_text(title))
 
 
+@pytest.mark.extra("plot")
 def test_a_picture_for_a_fifo_nobody_reads_gives_up_and_says_so(quick_fifo, monkeypatch):
     draws_text(monkeypatch)
     fifo = quick_fifo("run.svg")
@@ -62,6 +64,7 @@ def test_a_picture_for_a_fifo_nobody_reads_gives_up_and_says_so(quick_fifo, monk
                        f"0.2 s; the picture was not written; start its reader first")
 
 
+@pytest.mark.extra("plot")
 def test_a_picture_for_a_fifo_or_a_device_is_written_into_it(quick_fifo, monkeypatch, tmp_path):
     draws_text(monkeypatch)
     fifo, got = quick_fifo("run.svg"), []
@@ -101,6 +104,7 @@ def test_an_action_log_for_a_fifo_reaches_its_reader(quick_fifo, capsys):
                                               f"rollout --seed 5 --frames 4 --actions ")
 
 
+@pytest.mark.extra("plot")
 def test_a_picture_the_disk_cannot_hold_keeps_the_old_file_and_leaves_nothing(tmp_path,
                                                                                monkeypatch):
     (tmp_path / "run.png").write_bytes(b"the last run's picture")
@@ -118,6 +122,7 @@ def test_a_picture_the_disk_cannot_hold_keeps_the_old_file_and_leaves_nothing(tm
     assert os.listdir(tmp_path) == ["run.png"]  # no half picture, no work file
 
 
+@pytest.mark.extra("plot")
 def test_a_picture_through_a_symlink_replaces_the_target_whole(tmp_path, monkeypatch):
     draws_text(monkeypatch)
     (tmp_path / "real.svg").write_text("old")
@@ -147,7 +152,7 @@ def test_an_action_log_the_disk_cannot_hold_keeps_the_old_file_and_names_the_use
 
 
 def test_a_picture_through_a_symlink_to_a_file_of_another_suffix_keeps_its_format(tmp_path):
-    pytest.importorskip("matplotlib")
+    require_extra("plot")
     (tmp_path / "picture").write_text("old")
     (tmp_path / "run.svg").symlink_to("picture")
     assert picture.RunPicture(tmp_path / "run.svg", "--report").write(fake_report()) is None
@@ -203,7 +208,8 @@ def test_the_stats_through_a_symlink_to_stdout_reach_it(ardiff_main, tmp_path):
     assert json.loads(got[0])["status"] == "ok"
 
 
-@pytest.mark.parametrize("flag", ["-o", "--json", "--report"])
+@pytest.mark.parametrize("flag", ["-o", "--json",
+                                  pytest.param("--report", marks=pytest.mark.extra("plot"))])
 def test_an_output_that_leads_to_a_socket_is_refused_before_any_work(ardiff_main, tmp_path,
                                                                      flag):
     name = {"-o": "out.npy", "--json": "stats.json", "--report": "run.svg"}[flag]

@@ -18,8 +18,11 @@ from ardiff.engine.build import build_runner
 from ardiff.engine.placement import (
     ACTIVATION_MARGIN_BYTES,
     AUTO,
+    CUDA_CONTEXT_BYTES,
+    MIN_ACTIVATION_BYTES,
     MemoryFit,
     WeightPlan,
+    activation_margin,
     fits_in,
     get_weight_bytes,
     parse_device_memory,
@@ -35,6 +38,28 @@ MODEL, ENCODER = 40_000, 60_000
 def weighted_config(**args):
     return build_config({"pipeline": {"entry": "spec_pipelines:WeightedPipeline", "args": args},
                          "runtime": {"device": "cpu", "memory_budget": "1MiB"}})
+
+
+def test_the_margin_scales_with_the_model_unless_it_declares_its_activations():
+    """An estimate: a quarter of the weights on the device (with a floor), or what the
+    pipeline declares; the CUDA context on top on CUDA (#35: not a flat 3GiB for any model)."""
+    undeclared = activation_margin(GoodPipeline(), "float32", "cpu")
+    assert undeclared(0) == MIN_ACTIVATION_BYTES
+    assert undeclared(8 * 2**30) == 2 * 2**30
+    on_cuda = activation_margin(GoodPipeline(), "bfloat16", "cuda:0")
+    assert on_cuda(8 * 2**30) == 2 * 2**30 + CUDA_CONTEXT_BYTES
+    declared = activation_margin(WeightedPipeline(), "float32", "cuda")
+    assert declared(0) == declared(2**40) == 3 * 2**30 + CUDA_CONTEXT_BYTES
+
+
+def test_an_activation_bytes_that_is_not_bytes_is_one_line():
+    class Wrong(GoodPipeline):
+        def activation_bytes(self, dtype):
+            return "lots"
+    with pytest.raises(PipelineLoadError, match=r"^pipeline: activation_bytes\('float32'\) "
+                                                r"returned 'lots'; it must return bytes, an "
+                                                r"int >= 0$"):
+        activation_margin(Wrong(), "float32", "cpu")
 
 
 def test_the_fit_is_weights_plus_kv_plus_the_margin():

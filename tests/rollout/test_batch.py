@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from ardiff.config.run import build_config
-from ardiff.errors import ConfigError, PipelineLoadError
+from ardiff.errors import PipelineLoadError
 from ardiff.rollout.job import run_rollout
 from ardiff.rollout.report import STATS_SCHEMA, merge_batching
 from ardiff.rollout.stop import RolloutStop
@@ -133,23 +133,31 @@ def test_auto_on_a_pipeline_without_generate_blocks_says_nothing(tmp_path):
     assert report.warnings == [] and report.to_dict()["batching"]["batch"] == 1
 
 
-# -- refused before anything runs --------------------------------------------------------------
-def test_a_batch_larger_than_the_resident_sessions_is_refused(tmp_path):
-    config = make_config(tmp_path, batch=3, runtime={"max_sessions": 2})
+# -- more than fits: the most that fit, said (#35) -------------------------------------------
+def test_a_batch_larger_than_the_resident_sessions_runs_the_most_that_fit(tmp_path):
+    report = run_rollout(make_config(tmp_path, batch=3, runtime={"max_sessions": 2}))
 
-    with pytest.raises(ConfigError, match=r"^rollout\.batch: 3 sessions in one forward, but the "
-                       r"memory plan fits 2 resident; lower rollout\.batch to 2 or raise "
-                       r"runtime\.memory_budget$"):
-        run_rollout(config)
-    assert not list(tmp_path.glob("out-*"))
+    assert report.status == "ok" and report.to_dict()["batching"]["batch"] == 2
+    assert report.warnings[0] == ("rollout.batch: 3 for 4 prompts runs 2 per forward, the most "
+                                  "that fit: runtime.max_sessions: 2 keeps 2 sessions resident")
+    assert all(video.shape[0] == FRAMES for video in videos(tmp_path, 4))
 
 
-def test_a_batch_larger_than_the_pipeline_takes_is_refused(tmp_path):
-    config = make_config(tmp_path, args={"max_batch_size": 2}, batch=3)
+def test_auto_says_what_keeps_it_below_the_prompts(tmp_path):
+    report = run_rollout(make_config(tmp_path, prompts=4, args={"session_capacity": 3}))
 
-    with pytest.raises(ConfigError, match=r"^rollout\.batch: 3 sessions in one forward, but the "
-                       r"pipeline's max_batch_size is 2; lower rollout\.batch to 2$"):
-        run_rollout(config)
+    assert report.to_dict()["batching"]["batch"] == 3
+    assert report.warnings[0].startswith("rollout.batch: auto for 4 prompts runs 3 per forward, "
+                                         "the most that fit: the pipeline's session_capacity "
+                                         "of 3")
+
+
+def test_a_batch_larger_than_the_pipeline_takes_runs_what_it_takes(tmp_path):
+    report = run_rollout(make_config(tmp_path, args={"max_batch_size": 2}, batch=3))
+
+    assert report.to_dict()["batching"]["batch"] == 2
+    assert report.warnings[0] == ("rollout.batch: 3 for 4 prompts runs 2 per forward, the most "
+                                  "that fit: the pipeline's max_batch_size is 2")
 
 
 def test_a_max_batch_size_that_is_not_a_count_is_refused(tmp_path):
@@ -159,16 +167,30 @@ def test_a_max_batch_size_that_is_not_a_count_is_refused(tmp_path):
 
 
 # -- failures and stops, per stream ------------------------------------------------------------
-def test_a_failure_in_a_batch_fails_its_sessions_and_every_stream_keeps_its_frames(tmp_path):
+def test_a_failure_after_a_commit_fails_every_session_of_its_batch(tmp_path):
+    """RowBatchProbe commits row by row: stream-1's fault comes after stream-0's commit, so
+    the forward cannot run again row by row and every session of it fails."""
+    report = run_rollout(make_config(tmp_path, args={"fail_session": "stream-1"}, prompts=3,
+                                     batch=3, frames=12))
+
+    assert (report.status, report.exit_code) == ("failed", 1)
+    assert report.error.startswith("batch of 3 sessions ('stream-0' block 0, 'stream-1' block 0, "
+                                   "'stream-2' block 0): generate_blocks raised RuntimeError")
+    assert list(tmp_path.glob("out-*.npy")) == []  # no frame was made: no file
+    assert report.sessions["failed"] == 3 and report.kv["pages_in_use"] == 0
+    jsonschema.validate(report.to_dict(), STATS_SCHEMA)
+
+
+def test_a_batch_only_failure_before_any_commit_runs_each_stream_alone(tmp_path):
+    """A fault of the batched forward (at its first row, before anything is committed) that
+    one session per forward does not hit: each stream's block runs again on its own, and
+    every stream makes every frame."""
     report = run_rollout(make_config(tmp_path, args={"fail_at_block": 2}, prompts=3, batch=3,
                                      frames=12))
 
-    assert (report.status, report.exit_code) == ("failed", 1)
-    assert report.error.startswith("batch of 3 sessions ('stream-0' block 2, 'stream-1' block 2, "
-                                   "'stream-2' block 2): generate_blocks raised RuntimeError")
-    assert [video.shape[0] for video in videos(tmp_path, 3)] == [4, 4, 4]
-    assert report.sessions["failed"] == 3 and report.kv["pages_in_use"] == 0
-    jsonschema.validate(report.to_dict(), STATS_SCHEMA)
+    assert (report.status, report.exit_code) == ("ok", 0)
+    assert [video.shape[0] for video in videos(tmp_path, 3)] == [12, 12, 12]
+    assert report.kv["pages_in_use"] == 0
 
 
 def test_a_stop_ends_every_stream_of_the_batch_at_the_same_block(tmp_path):
@@ -240,3 +262,36 @@ def test_cli_tiny_dit_batch_4_writes_8_videos_as_the_unbatched_run(tmp_path):
     for video, expected in zip(videos(tmp_path, 8), videos(tmp_path / "one", 8)):
         assert video.shape == expected.shape
         assert np.abs(video.astype(int) - expected.astype(int)).max() <= 1
+
+
+def test_a_budget_short_of_the_asked_rows_plans_the_most_that_fit(tmp_path):
+    """Not halved to a power of two (8 -> 4 -> 2): the most rows whose blocks and sessions
+    the budget holds (#35)."""
+    from ardiff.engine.build import resolve
+
+    resolved = resolve(make_config(tmp_path))
+    roomy = resolved.plan(16 << 20, "float32", batch_rows=1)
+    per_row = roomy.inflight_pages * roomy.page_bytes  # one row's block in flight
+    for rows in (3, 5, 6):
+        budget = roomy.fixed_bytes + (rows - 1) * per_row + rows * roomy.bytes_per_session
+        config = make_config(tmp_path, runtime={"memory_budget": budget})
+        plan = resolve(config).plan(budget, "float32", batch_rows=8)
+        assert plan.batch_rows == rows and plan.session_capacity >= rows
+
+
+def test_a_row_that_fails_before_committing_fails_its_stream_only(tmp_path):
+    """The tiny DiT commits every row at the end of its forward: a row that raises while
+    the batch denoises fails its own stream (keeping its frames); the others finish."""
+    data = {"pipeline": {"entry": f"{SUPPORT / 'row_fault_pipelines.py'}:BoomRowDiT",
+                         "args": {"frames_per_block": 3, "window_frames": 9, "sink_frames": 1,
+                                  "at_block": 2}},
+            "runtime": {"device": "cpu", "memory_budget": "64MiB"},
+            "rollout": {"frames": 12, "prompts": ["a", "boom", "b", "c"], "batch": 4},
+            "output": {"path": str(tmp_path / "out-{index}.npy"), "fps": 8}}
+    report = run_rollout(build_config(data, base_dir=tmp_path))
+
+    assert (report.status, report.exit_code) == ("failed", 1)
+    assert "boom" in report.error and "\n" not in report.error
+    assert [video.shape[0] for video in videos(tmp_path, 4)] == [12, 6, 12, 12]
+    assert report.kv["pages_in_use"] == 0
+    jsonschema.validate(report.to_dict(), STATS_SCHEMA)

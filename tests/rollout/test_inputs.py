@@ -10,10 +10,16 @@ from types import SimpleNamespace
 import pytest
 
 from ardiff.config.run import build_config
+from ardiff.contract.inputs import PipelineInputs
 from ardiff.errors import ConfigError
 from ardiff.pipelines.tiny_dit.pipeline import TinyCausalDiT
 from ardiff.pipelines.tiny_dit.text import tokenize
-from ardiff.rollout.inputs import prompt_warnings, read_actions, read_prompts
+from ardiff.rollout.inputs import (
+    ignored_prompt_warnings,
+    prompt_warnings,
+    read_actions,
+    read_prompts,
+)
 from ardiff.rollout.streams import RolloutPlan, Stream
 
 NAMES = ("none", "left", "right")
@@ -92,6 +98,21 @@ def test_a_failing_count_is_a_warning_not_a_failed_run(tmp_path):
     assert prompt_warnings(broken, config, plan("a")) == [
         "pipeline: checking the prompts' length raised ZeroDivisionError: division by zero; "
         "they were not checked"]
+
+
+def test_a_prompt_to_a_pipeline_that_ignores_prompts_is_a_warning():
+    config = build_config({"pipeline": {"entry": "a:b"},
+                           "rollout": {"prompt": "a cat", "negative_prompt": "blur"}})
+    deaf = SimpleNamespace(ardiff_inputs=PipelineInputs(prompt="ignored"))
+    assert ignored_prompt_warnings(deaf, config) == [
+        "rollout.prompt: given, but this pipeline ignores prompts (its inputs declare prompt: "
+        "ignored); the video does not depend on it; remove rollout.prompt",
+        "rollout.negative_prompt: given, but this pipeline ignores prompts (its inputs declare "
+        "prompt: ignored); the video does not depend on it; remove rollout.negative_prompt"]
+    assert ignored_prompt_warnings(deaf, build_config({"pipeline": {"entry": "a:b"}})) == []
+    assert ignored_prompt_warnings(SimpleNamespace(), config) == []  # declares nothing
+    listening = SimpleNamespace(ardiff_inputs=PipelineInputs(prompt="accepted"))
+    assert ignored_prompt_warnings(listening, config) == []
 
 
 def test_tiny_dit_counts_what_its_tokenizer_keeps():

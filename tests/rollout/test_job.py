@@ -115,14 +115,34 @@ def test_a_reset_switch_lets_a_long_rollout_fit_max_model_len(tmp_path):
     assert plan.blocks_per_stream == 10  # runs of 4, 4 and 2 blocks: 8 positions at most
 
 
-def test_interleave_must_fit_every_prompt_at_once(tmp_path):
-    prompts = ["a", "b", "c"]
-    with pytest.raises(ConfigError, match=r"rollout.interleave: 3 prompts need 3 resident "
-                                          r"sessions but the memory plan fits 2; raise"):
-        check_capacity(make_plan(tmp_path, prompts=prompts, interleave=True), 2)
+def kv_plan(budget_bytes: int, session_capacity: int = 4):
+    import ardiff
+    from ardiff.kv.plan import make_plan as make_kv_plan
 
-    check_capacity(make_plan(tmp_path, prompts=prompts), 1)  # one after another: one at a time
-    check_capacity(make_plan(tmp_path, prompts=prompts, interleave=True), 3)
+    spec = ardiff.ARDiffusionKVCacheSpec(
+        num_layers=2, num_kv_heads=2, head_size=4, tokens_per_frame=6, frames_per_block=2,
+        window_frames=5, sink_frames=1, session_capacity=session_capacity,
+        kv_branches=(ardiff.ARDiffusionKVBranchSpec("main", 0),))
+    return make_kv_plan(spec, "float32", 4, budget_bytes)  # 1,536 shared + 3,072 per session
+
+
+def test_interleave_must_fit_every_prompt_at_once_and_says_what_binds(tmp_path):
+    prompts = ["a", "b", "c"]
+    interleaved = make_plan(tmp_path, prompts=prompts, interleave=True)
+    with pytest.raises(ConfigError, match=r"^rollout.interleave: 3 prompts need 3 resident "
+                                          r"sessions but runtime.memory_budget \(7.5KiB holds 2 "
+                                          r"at 3.0KiB each\) keeps 2; raise it, use fewer"):
+        check_capacity(interleaved, kv_plan(1536 + 2 * 3072))
+    with pytest.raises(ConfigError, match=r"but the pipeline's session_capacity of 2 "
+                                          r"\(pipeline.args.session_capacity where the pipeline "
+                                          r"takes it\) keeps 2"):
+        check_capacity(interleaved, kv_plan(1 << 20, session_capacity=2))
+    with pytest.raises(ConfigError, match=r"but runtime.max_sessions: 2 keeps 2"):
+        check_capacity(interleaved, kv_plan(1 << 20).__class__(
+            **{**kv_plan(1 << 20).__dict__, "session_capacity": 2}), max_sessions=2)
+
+    check_capacity(make_plan(tmp_path, prompts=prompts), kv_plan(1536 + 3072))  # one at a time
+    check_capacity(interleaved, kv_plan(1 << 20))
 
 
 # -- iter_rollout --------------------------------------------------------------------------

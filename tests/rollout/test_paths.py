@@ -35,6 +35,8 @@ from ardiff_cli.main import app
 SUPPORT = Path(__file__).parents[1] / "support"
 RECORDING = SUPPORT / "rollout_pipelines.py"
 
+NEEDS_PLOT = pytest.mark.extra("plot")  # a --report picture is drawn by matplotlib
+
 
 def make_config(folder: Path, output: str = "out.npy", **rollout):
     data = {"pipeline": {"entry": f"{RECORDING}:RecordingPipeline",
@@ -306,16 +308,17 @@ def tree(folder: Path) -> dict[str, str]:
                                           r"pipeline\.args\.model 'model', a folder the run "
                                           r"reads; the run would overwrite its input"),
     (("-o", "model"), (), r"output\.path: 'model' is the same file as pipeline\.args\.model"),
-    (("--report", "r.svg", "--json", "r.svg"), (),
+    pytest.param(("--report", "r.svg", "--json", "r.svg"), (),
      r"--report: 'r\.svg' is the same file as --json 'r\.svg'; the run would write it twice, "
-     r"and one would be lost; pick another name, like 'run\.png'"),
-    (("--report", "link.png"), (("link.png", "run.yaml"),),
+     r"and one would be lost; pick another name, like 'run\.png'", marks=NEEDS_PLOT),
+    pytest.param(("--report", "link.png"), (("link.png", "run.yaml"),),
      r"--report: 'link\.png' is the same file as config 'run\.yaml' \(both are .*\); the run "
-     r"would overwrite its input; pick another name, like 'run\.png'"),
-    (("--report", "link.svg"), (("link.svg", "reads.py"),),
-     r"--report: 'link\.svg' is the same file as pipeline\.entry"),
-    (("--report", "link.html"), (("link.html", "gone/r.html"),),
-     r"--report: 'link\.html' is in a folder that does not exist \('.*gone'\); create it first"),
+     r"would overwrite its input; pick another name, like 'run\.png'", marks=NEEDS_PLOT),
+    pytest.param(("--report", "link.svg"), (("link.svg", "reads.py"),),
+     r"--report: 'link\.svg' is the same file as pipeline\.entry", marks=NEEDS_PLOT),
+    pytest.param(("--report", "link.html"), (("link.html", "gone/r.html"),),
+     r"--report: 'link\.html' is in a folder that does not exist \('.*gone'\); create it first",
+     marks=NEEDS_PLOT),
     (("-o", "link.npy"), (("link.npy", "gone/v.npy"),),
      r"output\.path: 'link\.npy' is in a folder that does not exist \('.*gone'\)"),
     (("-o", "-"), (), r"output\.path: '-' is not stdout here \(only --json - is\): it would "
@@ -418,6 +421,7 @@ def test_a_video_into_a_fifo_nobody_reads_fails_soon_and_says_why(tmp_path, monk
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml", "v.npy"]
 
 
+@NEEDS_PLOT
 def test_a_picture_into_a_fifo_reaches_its_reader_whole(tmp_path):
     write_config(tmp_path)
     os.mkfifo(tmp_path / "r.png")
@@ -463,7 +467,8 @@ def test_a_json_path_too_long_for_any_file_system_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("flag, name", [("-o", "loop.npy"), ("--json", "loop.json"),
-                                        ("--report", "loop.svg")])
+                                        pytest.param("--report", "loop.svg",
+                                                     marks=NEEDS_PLOT)])
 def test_an_output_that_is_a_loop_of_symlinks_is_refused_and_the_links_stay(tmp_path, flag,
                                                                              name):
     write_config(tmp_path)

@@ -30,11 +30,12 @@ TINY_DIT = {"pipeline.entry": "ardiff.pipelines.tiny_dit:TinyCausalDiT",
 class Server:
     """One app served by uvicorn on a thread; `manager` is its SessionManager."""
 
-    def __init__(self, config: Any, token: str | None = None) -> None:
+    def __init__(self, config: Any, token: str | None = None, guard: Any = None) -> None:
         import httpx
         import uvicorn
 
         from ardiff.serve.app import create_app
+        from ardiff.serve.http import Guard
         from ardiff.serve.manager import SessionManager
 
         self.manager = SessionManager.build(config)
@@ -45,7 +46,8 @@ class Server:
         self.port = self.listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(
-            create_app(self.manager, token), log_level="warning", lifespan="on",
+            create_app(self.manager, guard or Guard(token=token)), log_level="warning",
+            lifespan="on",
             ws_max_size=config.serve.max_message_bytes))
         self.thread = threading.Thread(target=self.server.run, args=([self.listener],),
                                        daemon=True)
@@ -85,12 +87,12 @@ def _starter(folder, servers: list[Server]):
     from ardiff.config.run import load_config
 
     def start(overrides: list[str] = (), token: str | None = None,
-              base: dict[str, str] | None = None) -> Server:
+              base: dict[str, str] | None = None, guard: Any = None) -> Server:
         settings = {"warmup.enabled": "false", "serve.output_dir": str(folder / "videos"),
                     **(base or {})}
         config = load_config(None, [f"{key}={value}" for key, value in settings.items()]
                              + list(overrides))
-        server = Server(config, token)
+        server = Server(config, token, guard)
         servers.append(server)
         return server
 
@@ -105,8 +107,8 @@ def _stop_all(servers: list[Server]) -> None:
 
 @pytest.fixture
 def serve_app(tmp_path) -> Iterator[Any]:
-    """`serve_app(overrides, token=None, base=None) -> Server`; stopped (every page back
-    checked) when the test ends."""
+    """`serve_app(overrides, token=None, base=None, guard=None) -> Server`; stopped (every
+    page back checked) when the test ends."""
     servers: list[Server] = []
     yield _starter(tmp_path, servers)
     _stop_all(servers)
@@ -120,6 +122,17 @@ def shared_app(tmp_path_factory) -> Iterator[Server]:
     yield _starter(tmp_path_factory.mktemp("serve"), servers)(
         ["serve.max_sessions=2", "serve.retry_after_s=7", "serve.max_body_bytes=1000",
          "serve.max_prompt_chars=200", "serve.max_frames=1000"], token="s3cret")
+    _stop_all(servers)
+
+
+@pytest.fixture(scope="module")
+def local_app(tmp_path_factory) -> Iterator[Server]:
+    """One server for a module's tests as a user runs it on their machine: no token, 2
+    sessions, bodies and messages up to 100000 bytes."""
+    servers: list[Server] = []
+    yield _starter(tmp_path_factory.mktemp("local"), servers)(
+        ["serve.max_sessions=2", "serve.max_body_bytes=100000",
+         "serve.max_message_bytes=100000"])
     _stop_all(servers)
 
 

@@ -7,15 +7,17 @@ world-model server for the module (token, 2 sessions, small limits), warmup off.
 from __future__ import annotations
 
 import pytest
+from extras import require_extra
 
-for _name in ("fastapi", "uvicorn", "prometheus_client", "httpx", "websockets"):
-    pytest.importorskip(_name)  # the serve extra: a core install skips these tests
+require_extra("serve")
 
 import io
 
 import av
 import numpy as np
 from websockets.exceptions import InvalidStatus
+
+from ardiff.config.run import load_config
 
 
 def test_a_session_streams_its_frames_in_order_and_closes(shared_app, frames_of):
@@ -25,7 +27,8 @@ def test_a_session_streams_its_frames_in_order_and_closes(shared_app, frames_of)
         headers, pictures, end = frames_of(ws)
     assert [h["frame"] for h in headers] == list(range(6))
     assert [h["block"] for h in headers] == list(range(6))  # one frame per block
-    assert all(h["actions"] == ["left"] for h in headers)   # the config's actions, repeating
+    script = load_config(None).rollout.actions               # the config's actions, repeating
+    assert [h["actions"] for h in headers] == [[script[i % len(script)]] for i in range(6)]
     assert all(p.shape == (32, 32, 3) for p in pictures)
     assert end == {"event": "done", "frames": 6, "error": None}
 
@@ -70,7 +73,8 @@ def test_bad_bodies_are_refused_422_naming_the_dotted_path_or_413(shared_app):
         assert error.startswith(message), error
         assert response.json()["field"] == message.split(":")[0]
         assert "\n" not in error
-    bad = server.http.post("/v1/sessions", content=b"{frames: 3")
+    bad = server.http.post("/v1/sessions", content=b"{frames: 3",
+                           headers={"content-type": "application/json"})
     assert bad.status_code == 422 and bad.json()["error"].startswith("body: not JSON")
     large = server.http.post("/v1/sessions", json={"prompt": "x" * 2000})
     assert large.status_code == 413 and "serve.max_body_bytes" in large.json()["error"]
@@ -160,9 +164,9 @@ def test_a_bad_client_message_is_one_line_back_and_changes_nothing(shared_app, f
         for message, error in (
                 ({"action": "jump"}, "action: 'jump' is not an action of this pipeline; use "
                                      "one of none, left, right, up, down"),
-                ({"prompt": "b", "on_switch": "later"}, "on_switch: 'later' is not allowed; "
-                                                        "use one of keep, clear-cross, reset, "
-                                                        "recache"),
+                ({"prompt": "b"}, "prompt: this pipeline ignores prompts (its PipelineInputs "
+                                  "say prompt: ignored); leave the prompt out, or serve a "
+                                  "text-conditioned pipeline"),
                 ({"pause": "no"}, "pause: expected true or false"),
                 ({"jump": 1}, "message: expected an object with action, prompt (and "
                               "on_switch) or pause; got {\"jump\": 1}")):
@@ -171,6 +175,7 @@ def test_a_bad_client_message_is_one_line_back_and_changes_nothing(shared_app, f
         ws.send(json.dumps({"action": "up"}))
         ws.send(json.dumps({"pause": False}))
         headers, _, end = frames_of(ws)
-    assert [h["actions"] for h in headers] == [["up"], ["left"]]  # then the config's list
+    script = load_config(None).rollout.actions
+    assert [h["actions"] for h in headers] == [["up"], [script[1 % len(script)]]]  # then the config's
     assert end["event"] == "done"
     server.http.delete(f"/v1/sessions/{session}")

@@ -7,9 +7,9 @@ fails its session only. Each test runs a model for some blocks: heavy."""
 from __future__ import annotations
 
 import pytest
+from extras import require_extra
 
-for _name in ("fastapi", "uvicorn", "prometheus_client", "httpx", "websockets"):
-    pytest.importorskip(_name)  # the serve extra: a core install skips these tests
+require_extra("serve")
 
 import json
 from pathlib import Path

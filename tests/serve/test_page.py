@@ -6,8 +6,9 @@
 
 It opens the page, starts a session with the page's own controls, checks that the canvas
 changes, steers it with the keys of `play` and checks the server's blocks took those
-actions, switches the prompt through the prompt box, pauses, downloads the video, closes;
-with a `--token` server, the page asks for it once. Every request the page makes goes to
+actions (the world model ignores prompts: its prompt controls are disabled), pauses,
+downloads the video, closes; with a pipeline that reads prompts it switches the prompt
+through the prompt box; with a `--token` server, the page asks for it once. Every request the page makes goes to
 the server (nothing from elsewhere) and the page raises no script error. It saves
 `serve.png` (ARDIFF_SERVE_SCREENSHOT=path copies it there: docs/make_screenshots.py serve).
 Heavy (a browser start); skipped without `playwright` (the `browser` extra) or chromium.
@@ -27,10 +28,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from extras import require_extra
 
-for _name in ("fastapi", "uvicorn", "prometheus_client", "httpx", "websockets"):
-    pytest.importorskip(_name)  # the serve extra
-sync_api = pytest.importorskip("playwright.sync_api")  # the browser extra
+require_extra("serve")
+require_extra("browser")
+from playwright import sync_api  # noqa: E402
 
 CHROMIUM = (os.environ.get("ARDIFF_CHROMIUM") or shutil.which("chromium")
             or shutil.which("chromium-browser"))
@@ -123,7 +125,8 @@ def test_the_page_starts_watches_steers_and_switches_a_session(
     assert "bouncing" in page.inner_text("#server").lower()
     assert "left ← a" in page.inner_text("#keys")      # the key map of `play`, from /v1/info
     page.fill("#frames", "")                           # open-ended: until closed
-    page.fill("#prompt", "a ball")
+    for control in ("#prompt", "#new-prompt", "#on-switch", "#switch"):  # it ignores prompts
+        assert page.is_disabled(control), control
     page.click("#start-form button[type=submit]")
     page.wait_for_selector("#live", state="visible")
     session = page.get_attribute("#session-id", "title")
@@ -141,17 +144,8 @@ def test_the_page_starts_watches_steers_and_switches_a_session(
                    f"a block with the action {action!r} after pressing {key}")
     assert {r.actions for r in seen} <= {("none",), ("up",), ("left",), ("right",)}
 
-    page.fill("#new-prompt", "a red ball")
-    page.select_option("#on-switch", "recache")
-    page.click("#switch-form button[type=submit]")
-    wait_until(lambda: any(r.prompt == "a red ball" for r in seen), 30, "the switched prompt")
-    switched = next(r for r in seen if r.prompt == "a red ball")
-    assert switched.extra == {"recache": True} and switched.clear_cross_kv
-    page.wait_for_function("document.getElementById('now-prompt').textContent"
-                           " === 'prompt: a red ball'")          # the frames' own header
-    page.keyboard.press("ArrowDown")                   # Switch gave the canvas the keys back
-    wait_until(lambda: any(r.actions == ("down",) and r.prompt == "a red ball" for r in seen),
-               30, "a steered block after the switch")
+    page.keyboard.press("ArrowDown")
+    wait_until(lambda: any(r.actions == ("down",) for r in seen), 30, "a steered block")
 
     page.wait_for_function("""() => { const rows = document.querySelectorAll('#session-rows tr');
         return rows.length === 1 && Number(rows[0].cells[3].textContent) > 20; }""")  # refreshed
@@ -181,6 +175,34 @@ def test_the_page_starts_watches_steers_and_switches_a_session(
     wait_until(lambda: server.http.get(f"/v1/sessions/{session}").status_code == 404, 30,
                "the session to close")
     assert server.pages_in_use() == 0
+    watched.check_clean()
+    watched.close()
+
+
+def test_the_page_switches_the_prompt_of_a_pipeline_that_reads_prompts(
+        serve_app, browser, monkeypatch, wait_until, tiny_dit):
+    server = serve_app(base=tiny_dit)
+    seen = record_requests(server, monkeypatch)
+    watched = Watched(browser, server.url)
+    page = watched.page
+    page.goto(server.url + "/")
+    page.wait_for_function("document.getElementById('server').textContent !== ''")
+    assert not page.is_disabled("#prompt") and not page.is_disabled("#new-prompt")
+    page.fill("#frames", "")
+    page.fill("#prompt", "a ball")
+    page.click("#start-form button[type=submit]")
+    page.wait_for_selector("#live", state="visible")
+    wait_until(lambda: any(r.prompt == "a ball" for r in seen), 30, "the first prompt")
+    page.fill("#new-prompt", "a red ball")
+    page.select_option("#on-switch", "recache")
+    page.click("#switch-form button[type=submit]")
+    wait_until(lambda: any(r.prompt == "a red ball" for r in seen), 30, "the switched prompt")
+    switched = next(r for r in seen if r.prompt == "a red ball")
+    assert switched.extra == {"recache": True} and switched.clear_cross_kv
+    page.wait_for_function("document.getElementById('now-prompt').textContent"
+                           " === 'prompt: a red ball'")          # the frames' own header
+    page.click("#close")
+    page.wait_for_selector("#live", state="hidden")
     watched.check_clean()
     watched.close()
 
@@ -276,10 +298,7 @@ def test_the_page_works_through_the_front_of_two_workers(browser, tmp_path):
         page.keyboard.press("ArrowUp")
         page.wait_for_function("document.getElementById('stats').textContent"
                                ".endsWith('actions up')")       # a block took it
-        page.fill("#new-prompt", "a blue cube")
-        page.click("#switch-form button[type=submit]")
-        page.wait_for_function("document.getElementById('now-prompt').textContent"
-                               " === 'prompt: a blue cube'")
+        assert page.is_disabled("#new-prompt")  # the world model ignores prompts
         page.wait_for_selector("#worker-column", state="visible")
         page.wait_for_function("document.querySelector('#session-rows tr.mine') !== null")
         page.click("#close")

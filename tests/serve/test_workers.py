@@ -8,10 +8,11 @@ The tests share one server, in file order; the last one stops it."""
 from __future__ import annotations
 
 import pytest
+from extras import require_extra
 
-for _name in ("fastapi", "uvicorn", "prometheus_client", "httpx", "websockets"):
-    pytest.importorskip(_name)  # the serve extra: a core install skips these tests
+require_extra("serve")
 
+import contextlib
 import json
 import os
 import re
@@ -201,6 +202,55 @@ def test_a_sigkilled_worker_fails_only_its_sessions_and_comes_back(front):
     assert going.end is None  # still streaming: the last test stops the server under it
 
 
+def test_a_stopped_worker_is_found_in_seconds_and_only_its_sessions_are_lost(front):
+    made = [front.create(frames=None, mode="paced", fps=4) for _ in range(2)]
+    if made[0][1] == made[1][1]:  # that worker is full now: the next goes to the other
+        made.append(front.create(frames=None, mode="paced", fps=4))
+    (doomed, worker), (kept, _other) = made[0], made[-1]
+    assert worker != _other
+    pid = front.workers()[int(worker)]["pid"]
+    again = f"worker {worker}: serving again"
+    served_before = sum(again in line for line in front.lines)
+    os.kill(pid, signal.SIGSTOP)  # alive, but it answers nothing
+    try:
+        deadline = time.monotonic() + 60
+        while front.http.get(f"/v1/sessions/{doomed}").json()["status"] != "failed":
+            asked = time.monotonic()
+            assert front.http.get(f"/v1/sessions/{kept}").json()["status"] == "active"
+            assert time.monotonic() - asked < 3  # the other worker's calls stay fast
+            assert time.monotonic() < deadline, "the stopped worker was never found"
+            time.sleep(0.2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    error = front.http.get(f"/v1/sessions/{doomed}").json()["error"]
+    assert error.startswith(f"worker {worker} died (did not answer for 3 s (stopped or hung); "
+                            f"killed)"), error
+    front.wait_for_line(f"worker {worker}: did not answer for 3 s")
+    deadline = time.monotonic() + 120
+    while sum(again in line for line in front.lines) == served_before:
+        assert time.monotonic() < deadline, "the killed worker never served again"
+        time.sleep(0.1)
+    for session_id, _worker in made:
+        assert front.http.delete(f"/v1/sessions/{session_id}").status_code == 200
+
+
+def test_the_front_takes_client_ids_and_refuses_hostile_input_as_a_worker_does(front):
+    sid = "front-chosen-0123456789"
+    made = front.http.put(f"/v1/sessions/{sid}", json={"frames": 2, "mode": "fast"})
+    assert made.status_code == 201 and made.json()["id"] == sid
+    assert front.http.get(f"/v1/sessions/{sid}").headers[WORKER] == made.headers[WORKER]
+    assert front.http.put(f"/v1/sessions/{sid}", json={}).status_code == 409
+    assert front.http.put("/v1/sessions/bad.id", json={}).json()["field"] == "id"
+    deep = front.http.post("/v1/sessions", content=b"[" * 60_000,
+                           headers={"content-type": "application/json"})
+    assert deep.status_code == 422 and deep.json()["error"].startswith("body: JSON nested")
+    assert front.http.get("/v1/sessions", headers={"host": "evil.example"}).status_code == 421
+    assert front.http.post("/v1/sessions", json={},
+                           headers={"origin": "http://evil.example"}).status_code == 403
+    assert front.http.delete(f"/v1/sessions/{sid}").status_code == 200
+
+
 def test_sigterm_of_the_front_closes_every_session_and_exits_0(front):
     session_id, _ = front.create(frames=None, mode="paced", fps=16)
     reader = Reader(front, session_id)
@@ -241,4 +291,25 @@ def test_a_signal_to_the_whole_process_group_stops_it_cleanly(tmp_path, signum):
     finally:
         if front.proc.poll() is None:
             os.killpg(front.proc.pid, signal.SIGKILL)
+            front.proc.wait()
+
+
+def test_sigterm_with_a_stopped_worker_ends_in_seconds(tmp_path):
+    """A worker that is SIGSTOPped when the front is told to stop is killed once it has been
+    silent HUNG_AFTER_S, not waited for: the front ends in seconds, exit 1 naming it."""
+    front = Front(tmp_path)
+    try:
+        _session, worker = front.create(frames=None, mode="paced", fps=4)
+        pid = front.workers()[int(worker)]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        front.proc.send_signal(signal.SIGTERM)
+        assert front.proc.wait(60) == 1
+        assert time.monotonic() - started < 30  # stop_timeout_s (30) + 10 without the beats
+        front.reader.join(10)
+        assert f"error: worker {worker}: did not stop" in "".join(front.lines)
+        assert not Path(f"/proc/{pid}").exists()
+    finally:
+        if front.proc.poll() is None:
+            front.proc.kill()
             front.proc.wait()

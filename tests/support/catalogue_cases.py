@@ -49,6 +49,7 @@ class Case:
     command: str = "rollout"
     config_arg: str = "run.yaml"
     needs: str | None = None      # READ_ONLY or NO_CUDA
+    extra: str | None = None      # the optional extra the case needs (skipped without it)
     exact: bool = True            # False: the message has machine-specific text
     subprocess: bool = False      # also run through the installed command (slow: keep few)
 
@@ -181,7 +182,8 @@ CASES = [
          r"in a row, frame positions up to 20, but the pipeline's max_model_len is 8; lower "
          r"rollout\.frames to 8", args=("--frames", "20"), config=args_of(max_model_len=8)),
     Case("interleaved prompts do not fit", 2, r"^rollout\.interleave: 3 prompts need 3 resident "
-         r"sessions but the memory plan fits 2; raise runtime\.memory_budget",
+         r"sessions but the pipeline's session_capacity of 2 \(pipeline\.args\.session_capacity "
+         r"where the pipeline takes it\) keeps 2; raise it",
          config=rollout(prompts=["a", "b", "c"], interleave=True)),
     Case("the pipeline's load raises", 1, r"^pipeline: load\('cpu', float32\) raised "
          r"InjectedFault: checkpoint /models/missing\.safetensors not found",
@@ -372,10 +374,11 @@ CASES = [
          args=("--json", "fault_pipelines.py")),
     Case("`--report` is the `--json` file", 2, r"^--report: 'run\.svg' is the same file as "
          r"--json 'run\.svg'; the run would write it twice, and one would be lost; pick another "
-         r"name, like 'run\.png'$", args=("--json", "run.svg", "--report", "run.svg")),
+         r"name, like 'run\.png'$", args=("--json", "run.svg", "--report", "run.svg"),
+         extra="plot"),
     Case("`bench --plot` is the `--json` file", 2, r"^--plot: 'b\.svg' is the same file as "
          r"--json 'b\.svg'; the run would write it twice", command="bench",
-         args=("--json", "b.svg", "--plot", "b.svg")),
+         args=("--json", "b.svg", "--plot", "b.svg"), extra="plot"),
     Case("`play --actions-out` is the config file", 2, r"^--actions-out: 'run\.yaml' is the "
          r"same file as config 'run\.yaml'; the run would overwrite its input; pick another "
          r"name, like 'play\.actions\.yaml'$", config=entry("bouncing"), command="play",
@@ -466,7 +469,7 @@ CASES = [
          r"60 frames need 30 blocks in a row, frame positions up to 60, but the pipeline's "
          r"max_model_len is 40; lower rollout\.frames to 40", command="bench",
          config={**args_of(max_model_len=40), **rollout(frames=60)},
-         args=("--no-encode", "--plot", "run.png")),
+         args=("--no-encode", "--plot", "run.png"), extra="plot"),
     # -- #25, red team: a PNG folder's frames are files it replaces ---------------------------
     Case("a PNG folder that holds an input named like a frame", 2, r"^output\.path: 'frames' is "
          r"a folder of PNG frames that holds rollout\.prompts 'frame_000000\.png'; the run "
@@ -500,11 +503,6 @@ CASES = [
          r"\(sessions in one forward\), or auto$", args=("--batch", "0")),
     Case("`--batch` not a number", 2, r"^rollout\.batch: 'four' is not a batch size; give an "
          r"integer >= 1, or auto to let ardiff choose$", args=("--batch", "four")),
-    Case("a batch larger than the resident sessions", 2, r"^rollout\.batch: 3 sessions in one "
-         r"forward, but the memory plan fits 2 resident; lower rollout\.batch to 2 or raise "
-         r"runtime\.memory_budget$", args=("--batch", "3"),
-         config={**entry("ardiff.pipelines.tiny_dit:TinyCausalDiT"),
-                 "runtime": {"max_sessions": 2}}),
     # -- #24: a causal-Wan model folder in neither Wan2.1 layout ---------------------------------
     Case("a causal-Wan model folder in neither layout", 2, r"^pipeline: constructing 'ardiff\."
          r"pipelines\.causal_wan:CausalWan' with args \{.*\} raised PipelineLoadError: "
@@ -533,14 +531,24 @@ CASES = [
     # -- #27: ardiff serve (refused before the port is bound or the model loads) ----------------
     Case("`serve` with several prompts (rollout.prompts)", 2, r"^rollout\.prompts: ardiff serve "
          r"runs one prompt per session \(a request's body gives it\); remove rollout\.prompts$",
-         command="serve", args=("--port", "0"), config={"rollout": {"prompts": ["a", "b"]}}),
+         command="serve", args=("--port", "0"), config={"rollout": {"prompts": ["a", "b"]}},
+         extra="serve"),
     Case("`serve.queue_frames: 0`", 2, r"^serve\.queue_frames: 0 is invalid; it must be > 0$",
          command="serve", args=("--port", "0"), config={"serve": {"queue_frames": 0}}),
-    Case("`serve --token ''`", 2, r"^--token: empty; give a secret, or leave --token out$",
+    Case("`serve --token ''`", 2, r"^--token: empty; give a secret, or no token at all$",
          command="serve", args=("--port", "0", "--token", "")),
+    # -- #36: who may call (before the model loads) ------------------------------------------------
+    Case("`serve --token T --token-file F`", 2, r"^--token-file: given with --token; give the "
+         r"token one way$", command="serve", args=("--port", "0", "--token", "a",
+                                                   "--token-file", "f")),
+    Case("`serve --host 0.0.0.0` without a token", 2, r"^--host: 0\.0\.0\.0 is reachable from "
+         r"other machines and there is no token; give --token-file FILE \(or "
+         r"\$ARDIFF_SERVE_TOKEN\), or --no-token to let anyone who can reach it start sessions$",
+         command="serve", args=("--port", "0", "--host", "0.0.0.0")),
     # -- #27: ardiff serve --workers (refused before any worker starts) ---------------------------
     Case("`serve --workers 2` with CFG-parallel ranks", 2, r"^runtime\.parallel: ardiff serve "
          r"runs data-parallel workers only \(--workers N, one per device\); set "
          r"runtime\.parallel\.cfg: 1 and launcher: spawn$", command="serve",
-         args=("--port", "0", "--workers", "2"), config={"runtime": {"parallel": {"cfg": 2}}}),
+         args=("--port", "0", "--workers", "2"), config={"runtime": {"parallel": {"cfg": 2}}},
+         extra="serve"),
 ]

@@ -126,13 +126,17 @@ def test_the_default_models_frames_scaled_by_the_writer_equal_the_pipelines_upsc
     import ardiff
     from ardiff.config.run import load_config
 
+    def cycle(actions, count: int) -> list[str]:
+        """The first `count` actions of a repeating script, as `rollout.actions` repeats."""
+        return [actions[i % len(actions)] for i in range(count)]
+
     def frames(upscale: int) -> np.ndarray:
         base = load_config(None, [f"pipeline.args.upscale={upscale}"])
         runner = ardiff.build_runner(base)
         try:
             return np.concatenate([runner.execute(ardiff.RolloutRequest(
                 "s", block_index=i, seed=base.rollout.seed, actions=(action,))).output.frames
-                .numpy() for i, action in enumerate(base.rollout.actions[:7])])
+                .numpy() for i, action in enumerate(cycle(base.rollout.actions, 7))])
         finally:
             runner.close()
 

@@ -6,6 +6,7 @@ import errno
 import os
 import threading
 import time
+from dataclasses import dataclass
 from fractions import Fraction
 
 import av
@@ -39,12 +40,22 @@ def write_video(path, frames: np.ndarray, fps: float = 16, block: int = 3, **kwa
     return writer.info
 
 
-def decode(path) -> tuple[np.ndarray, av.video.stream.VideoStream]:
-    """All frames of a PyAV-readable file as rgb24 [N, H, W, 3], and its video stream."""
+@dataclass(frozen=True)
+class StreamFacts:
+    """What the tests check of a video stream, read while its container is open (PyAV 18
+    refuses a closed container's stream attributes)."""
+
+    average_rate: Fraction | None
+    codec: str
+
+
+def decode(path) -> tuple[np.ndarray, StreamFacts]:
+    """All frames of a PyAV-readable file as rgb24 [N, H, W, 3], and its stream's facts."""
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(stream)]
-    return np.stack(frames), stream
+        facts = StreamFacts(stream.average_rate, stream.codec_context.name)
+    return np.stack(frames), facts
 
 
 def fail_after(monkeypatch, encoder_class, frames: int, exc: BaseException) -> None:
@@ -77,7 +88,7 @@ def test_ffv1_mkv_is_bit_exact(tmp_path):
     frames = make_frames(5, 17, 23)
     write_video(tmp_path / "out.mkv", frames)
     decoded, stream = decode(tmp_path / "out.mkv")
-    assert stream.codec_context.name == "ffv1"
+    assert stream.codec == "ffv1"
     np.testing.assert_array_equal(decoded, frames)
 
 
@@ -85,7 +96,7 @@ def test_mkv_takes_h264(tmp_path):
     info = write_video(tmp_path / "out.mkv", make_frames(4), codec="h264", crf=30,
                        preset="ultrafast")
     decoded, stream = decode(tmp_path / "out.mkv")
-    assert (info.codec, stream.codec_context.name, len(decoded)) == ("libx264", "h264", 4)
+    assert (info.codec, stream.codec, len(decoded)) == ("libx264", "h264", 4)
 
 
 def test_mp4_pads_odd_sizes_by_one_pixel(tmp_path):

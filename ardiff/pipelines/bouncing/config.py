@@ -40,7 +40,7 @@ class BouncingConfig:
     # on noised history run with a small fixed level. 0: clean history, as trained before.
     context_noise: float = 0.0
     upscale: int = 8            # nearest-neighbour: 32 px -> 256 px video
-    session_capacity: int = 4
+    session_capacity: int = 8
     max_frames: int = 1_000_000
     weights: str | None = None  # a .safetensors path; None: the weights shipped with ardiff
     cpu_threads: int | None = 1  # torch threads on CPU: one is fastest for 16-token frames

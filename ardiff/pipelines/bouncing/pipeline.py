@@ -25,10 +25,12 @@ import torch
 
 import ardiff
 from ardiff.contract.base import warmup_blocks
+from ardiff.dtypes import torch_dtype
 from ardiff.pipelines.bouncing import sim
 from ardiff.pipelines.bouncing.checkpoint import load_weights
 from ardiff.pipelines.bouncing.config import RGB_CHANNELS, BouncingConfig
 from ardiff.pipelines.bouncing.model import BouncingDiT, Conditioning, FrameInputs, pixels_to_model
+from ardiff.pipelines.shared.nn import parameter_bytes
 from ardiff.pipelines.shared.rows import OneRow, as_rows, group_rows, put, subset
 from ardiff.pipelines.shared.sampling import rows_noise, sample
 
@@ -82,6 +84,10 @@ class BouncingWorld(ardiff.ARDiffusionPipelineBase):
             kv_branches=(ardiff.ARDiffusionKVBranchSpec(BRANCH, 0),),
             max_scratch_tokens_per_branch=c.registers_per_action,
             model_owned_state_bytes_per_session=sim.STATE_BYTES)
+
+    def weight_bytes(self, dtype: str) -> dict[str, int]:
+        """The model's parameters in the run's dtype (counted, not read: `load` reads them)."""
+        return {"model": parameter_bytes(lambda: BouncingDiT(self.config), torch_dtype(dtype))}
 
     def load(self, device, dtype: torch.dtype) -> None:
         self.device, self.dtype = torch.device(device), dtype

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ardiff.extras import missing_extra_message
 from ardiff.pipelines.causal_wan.layouts import (
     DIFFUSERS,
     WAN,
@@ -274,6 +275,17 @@ def main() -> None:
     if args.configs_only and args.layout == WAN:
         parser.error("--configs-only writes the diffusers layout: Wan's reads the VAE's widths "
                      "from Wan2.1_VAE.pth, so write the whole folder")
+    try:
+        _write(args)
+    except ModuleNotFoundError as exc:  # the wan extra: one line naming the install
+        message = missing_extra_message(exc, "make_tiny")
+        if message is None:
+            raise
+        parser.exit(2, f"error: {message}\n")
+    logging.getLogger(__name__).info("wrote %s", args.out)
+
+
+def _write(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.configs_only:
         transformer, vae = SHAPES[args.shape]
@@ -282,7 +294,6 @@ def main() -> None:
         write_configs(args.out, transformer, vae)
     else:
         write_model(args.out, args.shape, args.num_layers, args.seed, args.layout)
-    logging.getLogger(__name__).info("wrote %s", args.out)
 
 
 if __name__ == "__main__":

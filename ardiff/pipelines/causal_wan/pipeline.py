@@ -41,7 +41,7 @@ from ardiff.pipelines.causal_wan.schedule import clean_from_flow, renoise
 from ardiff.pipelines.causal_wan.spec import TEXT_CACHE, build_spec
 from ardiff.pipelines.causal_wan.text import PromptEncoder
 from ardiff.pipelines.causal_wan.transformer import BlockTransformer
-from ardiff.pipelines.causal_wan.weight_sizes import weight_bytes
+from ardiff.pipelines.causal_wan.weight_sizes import ACTIVATION_BYTES, weight_bytes
 from ardiff.pipelines.shared.rows import OneRow, as_rows, group_rows, put, subset, take
 
 
@@ -85,6 +85,10 @@ class CausalWan(ardiff.ARDiffusionPipelineBase):
             return None
         tokens = self.prompt_encoder.tokenizer(clean_prompt(prompt), add_special_tokens=True)
         return len(tokens.input_ids)
+
+    def activation_bytes(self, dtype: str) -> int:
+        """The estimate ardiff's fit keeps for one block's activations (`ACTIVATION_BYTES`)."""
+        return ACTIVATION_BYTES
 
     def weight_bytes(self, dtype: str) -> dict[str, int]:
         """Bytes of the transformer, UMT5 and the VAE once loaded in `dtype`, counted from

@@ -13,10 +13,10 @@ sessions' blocks at once, with two changes a block-causal rollout needs:
     blk.attend, row i to its own session's history) -> flow [B, C, F, h, w]
 
 One timestep per row (the same one for every row: one embedding row, broadcast).
-`flow(x, t, blk, cross)` is one session's block: `flow_rows` over a batch of one. On CPU a
-row of `flow_rows` is bit-equal to that row alone: the linear layers and the stacked
-attention sum in the same order for any batch; the patch convolution does not, so it runs
-row by row.
+`flow(x, t, blk, cross)` is one session's block: `flow_rows` over a batch of one. A row of
+`flow_rows` equals that row alone within the bounds across kernels (docs/development.md,
+numerics): another batch size may take another kernel. The patch convolution, which sums
+in another order for a batch on every CPU, runs row by row.
 """
 
 from __future__ import annotations

@@ -33,6 +33,11 @@ from ardiff.pipelines.causal_wan.layouts import (
 from ardiff.pipelines.causal_wan.umt5 import umt5_config
 
 TEXT_ENCODER_CONFIG = TEXT_ENCODER_DIR + "/config.json"
+# One block's activations beside the weights, for ardiff's fit (beside the CUDA context it
+# adds): the video VAE's decode at full resolution is the largest, a few tensors of 96
+# channels x 4 frames x 480 x 832 (~0.3 GiB each). An estimate, not a measurement
+# (docs/causal-wan.md#where-the-text-encoder-runs).
+ACTIVATION_BYTES = 2 * 2**30
 FP32_BYTES = DTYPE_BYTES["float32"]
 # diffusers' WanTransformer3DModel._keep_in_fp32_modules, matched against a parameter's name
 # components: kept in float32 whatever dtype it is loaded in.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -21,6 +21,14 @@ from torch import nn
 MAX_PERIOD = 10_000.0       # longest sinusoid period, as in the Transformer / DiT embeddings
 TIMESTEP_SCALE = 1000.0     # t in [0, 1] -> the 0..1000 range those embeddings were made for
 ROPE_BASE = 10_000.0
+
+
+def parameter_bytes(build: Callable[[], nn.Module], dtype: torch.dtype) -> int:
+    """Bytes of the parameters of the module `build()` makes, in `dtype`, counted on the meta
+    device: nothing is allocated or initialised (a pipeline's `weight_bytes` before `load`)."""
+    with torch.device("meta"):
+        module = build()
+    return sum(p.numel() for p in module.parameters()) * dtype.itemsize
 
 
 def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:

@@ -9,7 +9,8 @@ research models), so the decoder keeps the last latent frame per session.
         -> uint8 [B, F, H, W, 3]
 
 Every frame's pixels depend on that frame and its context alone: decoding a batch's rows
-together, one by one, or in any chunks gives the same bits (the tests compare them).
+together, one by one, or in any chunks gives the same frames, within a level where another
+batch size takes another convolution kernel (the tests compare them).
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ class TinyDiTConfig:
     upscale: int = 4            # decoder upsampling: video side = latent_size * upscale
     max_frames: int = 100_000   # RoPE positions along time
     cfg: bool = False           # declare positive/negative branches for guidance
-    session_capacity: int = 4
+    session_capacity: int = 8
     weights_seed: int = 0
 
     def __post_init__(self) -> None:

@@ -25,6 +25,8 @@ import torch
 import ardiff
 from ardiff.contract.base import warmup_requests
 from ardiff.contract.forward import CrossLayers
+from ardiff.dtypes import torch_dtype
+from ardiff.pipelines.shared.nn import parameter_bytes
 from ardiff.pipelines.shared.rows import OneRow, as_rows, group_rows, put, subset, take
 from ardiff.pipelines.shared.sampling import rows_noise, sample
 from ardiff.pipelines.tiny_dit.decoder import LatentDecoder
@@ -73,6 +75,13 @@ class TinyCausalDiT(ardiff.ARDiffusionPipelineBase):
     def count_prompt_tokens(self, prompt: str) -> int:
         """Tokens of `prompt` before the cut: one per UTF-8 byte."""
         return len(prompt.encode("utf-8"))
+
+    def weight_bytes(self, dtype: str) -> dict[str, int]:
+        """The transformer's and the decoder's parameters in the run's dtype (counted)."""
+        c, size = self.config, torch_dtype(dtype)
+        return {"transformer": parameter_bytes(lambda: TinyDiT(c), size),
+                "decoder": parameter_bytes(lambda: LatentDecoder(c.latent_channels, c.upscale),
+                                           size)}
 
     def load(self, device: str | torch.device, dtype: torch.dtype) -> None:
         """Build the weights from `weights_seed` (no download) and move them to the device."""

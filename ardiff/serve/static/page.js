@@ -51,6 +51,10 @@ function describeKeys(keys) {
   return Object.entries(byAction).map(([action, names]) => `${action} ${names.join(" ")}`);
 }
 
+function takesPrompts() {  // the pipeline's PipelineInputs (none declared: it may)
+  return !(info && info.inputs && info.inputs.prompt === "ignored");
+}
+
 async function loadInfo() {
   const response = await api("/v1/info");
   if (!response.ok) { $("start-error").textContent = await errorOf(response); return; }
@@ -59,7 +63,11 @@ async function loadInfo() {
   const workers = info.workers ? ` on ${info.workers} workers` : "";
   $("server").textContent = `${info.pipeline} · ${info.capacity} sessions${workers}`;
   const fill = (id, value) => { if (!$(id).dataset.edited) $(id).value = value; };  // the user's stay
-  if (typeof d.prompt === "string") fill("prompt", d.prompt);
+  if (takesPrompts() && typeof d.prompt === "string") fill("prompt", d.prompt);
+  for (const id of ["prompt", "new-prompt", "on-switch", "switch"]) {  // a model that ignores them
+    $(id).disabled = !takesPrompts();
+    $(id).title = takesPrompts() ? "" : "this pipeline ignores prompts";
+  }
   fill("seed", d.seed);
   fill("frames", d.frames === null ? "" : d.frames);
   const keys = describeKeys(info.keys);
@@ -74,7 +82,9 @@ async function start(event) {
   if (info === null) return;
   const body = { image: "jpeg" };
   if ($("seed").value !== "") body.seed = Number($("seed").value);
-  if ($("prompt").value || typeof info.defaults.prompt === "string") body.prompt = $("prompt").value;
+  if (takesPrompts() && ($("prompt").value || typeof info.defaults.prompt === "string")) {
+    body.prompt = $("prompt").value;
+  }
   body.frames = $("frames").value === "" ? null : Number($("frames").value);
   if ($("mode").value) body.mode = $("mode").value;
   const response = await api("/v1/sessions", { method: "POST", body: JSON.stringify(body),

@@ -208,6 +208,7 @@ def test_default_config_rolls_out_end_to_end(tmp_path):
     assert run_rollout(config).status == "ok"
     video = np.load(out)
     assert video.shape == (8, 32 * UPSCALE, 32 * UPSCALE, 3)
-    actions = config.rollout.actions[:CONTEXT]   # one action (a name) per frame
+    script = config.rollout.actions              # one action (a name) per frame, repeating
+    actions = [script[i % len(script)] for i in range(CONTEXT)]
     start = np.rint(simulate(config.rollout.seed, actions) * 255).astype(np.uint8)
     assert np.array_equal(video[:CONTEXT, ::UPSCALE, ::UPSCALE], start.transpose(0, 2, 3, 1))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from extras import require_extra
 
 TINY_HEIGHT, TINY_WIDTH = 48, 64     # 6 x 8 latents, 3 x 4 = 12 tokens per frame
 TINY_TEXT_LEN = 16
@@ -16,8 +17,7 @@ TINY_TEXT_LEN = 16
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
     """A tiny diffusers-layout folder with self_forcing.pt and lora.pt beside the models."""
-    pytest.importorskip("diffusers")
-    pytest.importorskip("transformers")
+    require_extra("wan")
     from ardiff.pipelines.causal_wan.make_tiny import write_model
 
     out = tmp_path_factory.mktemp("models") / "causal-wan-tiny"  # the name the tiny config uses

@@ -7,9 +7,9 @@ mid-batch (`heavy`: another one past a full cache too), one is reset mid-run. Bo
 the same requests through the runner (`tests/support/batch_drive.py`) on the paged cache
 (poisoned) and the dense one.
 
-The bound: latents bit-equal (a row of the batched transformer runs the kernels of that row
-alone, in the same order); with each session decoded alone, frames bit-equal too. The
-batched VAE decode (sessions at one decode stage in one call) rounds differently from one
+The bound: latents within the bound across kernels (tests/support/numerics.py: a row of the
+batched transformer may run other kernels than that row alone); with each session decoded
+alone, frames within a level too. The batched VAE decode (sessions at one decode stage in one call) rounds differently from one
 row's: within a level per call, and since a session's decoder cache carries that forward
 into its later frames, which the tiny random VAE amplifies, within DECODE_LEVELS over a
 rollout. Batched paged equals batched dense exactly.
@@ -25,8 +25,11 @@ import itertools
 
 import pytest
 import torch
+from extras import require_extra
 
-pytest.importorskip("diffusers")
+require_extra("wan")
+
+from numerics import assert_floats_close  # noqa: E402
 
 import ardiff  # noqa: E402
 from ardiff.errors import KVStateError  # noqa: E402
@@ -117,7 +120,7 @@ def decode_alone(monkeypatch) -> None:
 
 
 def assert_within_decode_bound(batched: Rollout, single: Rollout) -> None:
-    """Latents bit-equal, frames within DECODE_LEVELS."""
+    """Latents within the bound across kernels, frames within DECODE_LEVELS."""
     assert batched.frames.keys() == single.frames.keys()
     for session, blocks in single.frames.items():
         assert len(batched.frames[session]) == len(blocks) == len(single.latents[session])
@@ -127,15 +130,15 @@ def assert_within_decode_bound(batched: Rollout, single: Rollout) -> None:
             assert levels <= DECODE_LEVELS, f"session {session} block {index}: {levels} levels"
         for index, (got, want) in enumerate(zip(batched.latents[session],
                                                 single.latents[session], strict=True)):
-            assert torch.equal(got, want), f"session {session} block {index}: latents differ"
+            assert_floats_close(got, want, f"session {session} block {index}: latents")
 
 
 def check_batched_equals_single(pipelines, monkeypatch, geometry: str, rows: int,
                                 backend: str, cfg: bool, plan=QUICK, dense_too=False,
                                 batched_decode=True) -> None:
-    """Batched = one session per forward: bit-equal with each session decoded alone, else
-    within the decode bound; with `dense_too` the batched run on the other backend equals
-    it exactly."""
+    """Batched = one session per forward: within the bound across kernels with each session
+    decoded alone, else within the decode bound; with `dense_too` the batched run on the
+    other backend equals it exactly (the same kernels)."""
     if not batched_decode:
         decode_alone(monkeypatch)
     tap = LatentTap(monkeypatch)
@@ -149,7 +152,7 @@ def check_batched_equals_single(pipelines, monkeypatch, geometry: str, rows: int
     if batched_decode:
         assert_within_decode_bound(batched, single)
     else:
-        assert_rows_match(batched, single, exact=True)
+        assert_rows_match(batched, single)
     if dense_too:
         other = "dense" if backend == "paged" else "paged"
         again = run(batch_runner(pipeline, other, rows), schedule, batched=True, tap=tap)

@@ -6,8 +6,9 @@ import re
 
 import pytest
 import torch
+from extras import require_extra
 
-pytest.importorskip("diffusers")
+require_extra("wan")
 
 from ardiff.errors import PipelineLoadError  # noqa: E402
 from ardiff.pipelines.causal_wan.checkpoint import generator_state, load_strict  # noqa: E402

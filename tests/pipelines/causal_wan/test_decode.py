@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
+from extras import require_extra
 
 from ardiff.pipelines.causal_wan.config import VaeShape
 from ardiff.pipelines.causal_wan.decode import cache_nbytes, decode_cache_bytes
@@ -41,7 +41,7 @@ def test_the_wan_vae_cache_at_480p_is_1_76_gib():
 
 def test_the_formula_matches_the_real_wan_decoder_graph():
     """The real Wan2.1 VAE decoder, run on the meta device (shapes only, no compute)."""
-    pytest.importorskip("diffusers")
+    require_extra("wan")
     from diffusers import AutoencoderKLWan
     from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
 

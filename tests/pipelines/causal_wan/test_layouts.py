@@ -9,6 +9,8 @@ import sys
 
 import pytest
 import torch
+from extras import require_extra
+from numerics import assert_floats_close, assert_frames_close
 
 from ardiff.errors import PipelineLoadError
 from ardiff.pipelines.causal_wan import CausalWan
@@ -38,8 +40,7 @@ ALL_WAN = (r"config.json, diffusion_pytorch_model.safetensors, Wan2.1_VAE.pth, "
 @pytest.fixture(scope="module")
 def tiny_wan_dir(tmp_path_factory):
     """The tiny model of conftest's `tiny_dir` (same seed), in Wan's layout."""
-    pytest.importorskip("diffusers")
-    pytest.importorskip("transformers")
+    require_extra("wan")
     from ardiff.pipelines.causal_wan.make_tiny import write_model
 
     out = tmp_path_factory.mktemp("models") / "wan-layout"
@@ -141,17 +142,19 @@ def test_wans_files_load_as_from_pretrained_loads_the_diffusers_folder(tiny_dir,
     assert wan["text"].shared.weight is wan["text"].encoder.embed_tokens.weight
 
 
-def test_the_same_tiny_model_in_both_layouts_gives_identical_frames(tiny_pipeline, tiny_args,
-                                                                    tiny_wan_dir, run_blocks):
-    """configs/causal-wan-tiny.yaml's settings, its Self-Forcing checkpoint, two blocks."""
+def test_the_same_tiny_model_in_both_layouts_gives_the_same_frames(tiny_pipeline, tiny_args,
+                                                                   tiny_wan_dir, run_blocks):
+    """configs/causal-wan-tiny.yaml's settings, its Self-Forcing checkpoint, two blocks. The
+    weights hold the same values laid out differently in memory, so kernels may differ: within
+    the bounds across kernels."""
     wan = CausalWan(**dict(tiny_args, model_dir=str(tiny_wan_dir),
                            generator_ckpt=str(tiny_wan_dir / "self_forcing.pt")))
     wan.load("cpu", torch.float32)
     ours = run_blocks(wan, 2, prompt="a red ball")
     theirs = run_blocks(tiny_pipeline, 2, prompt="a red ball")
     for a, b in zip(ours, theirs):
-        assert torch.equal(a.frames, b.frames)
-        assert torch.equal(a.extra["latents"], b.extra["latents"])
+        assert_frames_close(a.frames, b.frames, "frames, Wan vs Diffusers layout")
+        assert_floats_close(a.extra["latents"], b.extra["latents"], "latents")
     assert ours[1].frames.shape[0] == 12 and ours[0].frames.float().std() > 0
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from extras import require_extra
 
-pytest.importorskip("diffusers")
+require_extra("wan")
 from diffusers import WanTransformer3DModel  # noqa: E402
 
 from ardiff.errors import PipelineLoadError  # noqa: E402

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from extras import require_extra
 
-pytest.importorskip("diffusers")
+require_extra("wan")
 
 from ardiff.errors import ConfigError, KVStateError  # noqa: E402
 from ardiff.pipelines.causal_wan import CausalWan  # noqa: E402

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from extras import require_extra
 
-pytest.importorskip("diffusers")
+require_extra("wan")
 import diffusers.models.transformers.transformer_wan as transformer_wan  # noqa: E402
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor  # noqa: E402
 from wan_reference import MaskedAttention  # noqa: E402

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from extras import require_extra
 
 from ardiff.pipelines.causal_wan import CausalWan
 from ardiff.pipelines.causal_wan.make_tiny import SHAPES, write_configs
@@ -53,7 +54,7 @@ def causvid_checkpoint(state: dict[str, torch.Tensor]) -> dict[str, dict[str, to
 
 
 def test_causvid_s_released_file_loads_without_conversion(tiny_pipeline, tiny_args, tmp_path):
-    pytest.importorskip("diffusers")
+    require_extra("wan")
     from ardiff.pipelines.causal_wan.checkpoint import generator_state, load_strict
 
     model = copy.deepcopy(tiny_pipeline.transformer.model)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from extras import require_extra
 
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
+require_extra("wan")
 
 from transformers import UMT5Config, UMT5EncoderModel  # noqa: E402
 from wan_source import wan_module  # noqa: E402

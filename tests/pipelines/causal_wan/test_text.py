@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from extras import require_extra
 
 
 def test_padding_is_zeroed_and_the_prompt_is_not(tiny_pipeline, tiny_args):
@@ -43,7 +44,7 @@ CLEANED = [
 
 
 def test_prompts_are_cleaned_as_wan_cleans_them():
-    pytest.importorskip("ftfy")
+    require_extra("wan")
     from ardiff.pipelines.causal_wan.prompt_clean import clean_prompt
 
     assert [clean_prompt(raw) for raw, _ in CLEANED] == [clean for _, clean in CLEANED]
@@ -51,7 +52,9 @@ def test_prompts_are_cleaned_as_wan_cleans_them():
 
 def test_whitespace_is_the_regex_module_s_as_wan_uses_it():
     """Wan collapses `regex`'s \\s: Unicode White_Space, not U+001C..U+001F as stdlib's."""
-    regex = pytest.importorskip("regex")
+    require_extra("wan")
+    import regex
+
     from ardiff.pipelines.causal_wan.prompt_clean import WHITESPACE
 
     text = "".join(chr(c) for c in range(0x3100)) + "\u205f\ufeff\U0001f600"
@@ -60,7 +63,7 @@ def test_whitespace_is_the_regex_module_s_as_wan_uses_it():
 
 
 def test_the_encoder_tokenises_the_cleaned_prompt(tiny_pipeline):
-    pytest.importorskip("ftfy")
+    require_extra("wan")
     encoder = tiny_pipeline.prompt_encoder
     assert torch.equal(encoder.encode("  a \n cat &amp;amp; "), encoder.encode("a cat &"))
     raw = encoder.tokenizer(["  a \n cat &amp;amp; "]).input_ids  # what was tokenised before

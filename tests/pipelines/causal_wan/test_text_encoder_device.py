@@ -8,9 +8,9 @@ import contextlib
 from typing import Iterator
 
 import pytest
+from extras import require_extra
 
-pytest.importorskip("diffusers")
-pytest.importorskip("transformers")
+require_extra("wan")
 
 import torch  # noqa: E402
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import copy
 
-import pytest
 import torch
+from extras import require_extra
 
-pytest.importorskip("diffusers")
+require_extra("wan")
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor  # noqa: E402
 from wan_reference import MaskedAttention  # noqa: E402
 

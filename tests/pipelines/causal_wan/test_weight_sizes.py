@@ -4,10 +4,9 @@ some modules in float32), and on Wan2.1-1.3B's real shapes built on the meta dev
 
 from __future__ import annotations
 
-import pytest
+from extras import require_extra
 
-pytest.importorskip("diffusers")
-pytest.importorskip("transformers")
+require_extra("wan")
 
 import torch  # noqa: E402
 

@@ -18,6 +18,7 @@ import threading
 
 import pytest
 import torch
+from numerics import FRAME_LEVELS, assert_floats_close
 
 import ardiff
 from ardiff.pipelines.tiny_dit import TinyCausalDiT
@@ -204,9 +205,11 @@ def test_cfg_parallel_batches_equal_one_process(monkeypatch):
         assert_rows_match(out, single)
 
 
-def test_the_decoder_gives_the_same_bits_in_any_chunks(monkeypatch):
+def test_the_decoder_gives_the_same_frames_in_any_chunks(monkeypatch):
     """Frames decode a cache-sized chunk at a time (`DECODE_CHUNK_BYTES`): one frame per
-    chunk, the default and every frame at once give the same bits, rows alone or together."""
+    chunk, the default and every frame at once give the same frames, rows alone or together
+    (within the bounds across kernels: a convolution over another batch may sum in another
+    order)."""
     from ardiff.pipelines.tiny_dit import decoder
 
     with torch.random.fork_rng(devices=[]):
@@ -218,12 +221,14 @@ def test_the_decoder_gives_the_same_bits_in_any_chunks(monkeypatch):
     for name, size in [("default", decoder.DECODE_CHUNK_BYTES), ("frame", 1), ("all", 1 << 40)]:
         monkeypatch.setattr(decoder, "DECODE_CHUNK_BYTES", size)
         frames[name], states[name] = dec.decode_rows(latents, previous)
-        assert all(map(torch.equal, states[name], states["default"]))
+        for got, want in zip(states[name], states["default"], strict=True):
+            assert_floats_close(got, want, f"decoder state, chunks of {name}")
     alone = torch.cat([dec.decode_rows(latents[row:row + 1], previous[row:row + 1])[0]
                        for row in range(3)])
     assert frames["default"].shape == (3, 2, 16, 16, 3)
     for other in (frames["frame"], frames["all"], alone):
-        assert torch.equal(other, frames["default"])
+        levels = (other.int() - frames["default"].int()).abs().max().item()
+        assert levels <= FRAME_LEVELS, f"{levels} levels apart"
 
 
 def test_rotate_writes_the_same_bits_as_the_stacked_form():

@@ -18,7 +18,8 @@ how well it keeps its world over whole games.
                       looks like the world (`horizon.py`)
 
 The games are `ardiff rollout`'s path: the pipeline through ardiff's runner and paged
-cache, ROWS sessions per batched forward (bit-equal to one session per forward). Run as
+cache, ROWS sessions per batched forward (equal to one session per forward within the
+bounds across kernels, docs/development.md). Run as
 `python -m ardiff.pipelines.bouncing.evaluate` (`main`: argv, the report on stdout through
 logging); `evaluate` returns the numbers.
 """

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from numerics import assert_video_close
 
 import ardiff
 from ardiff.pipelines.bouncing import sim
@@ -111,10 +112,11 @@ def test_evaluate_prints_every_number_from_the_runtime():
 
 
 def test_batched_games_are_the_one_session_games():
+    """Batched rows may take other kernels than one row alone: within the video bound."""
     seeds, _, actions, _ = evaluate.player_games(3, 12)
     batched = evaluate.runtime_rollouts(None, seeds, actions, rows=2)
     alone = evaluate.runtime_rollouts(None, seeds, actions, rows=1)
-    assert np.array_equal(batched, alone)
+    assert_video_close(batched, alone, "3 games batched 2 a forward vs alone")
 
 
 def test_pipeline_args_reach_the_runtime():
