@@ -1,7 +1,9 @@
 """The bouncing world model's weights on disk: bf16 safetensors with the architecture inside.
 
 A weights file records the config's ARCH_FIELDS (and any metrics) in its metadata;
-loading refuses a config whose architecture differs, naming the field. The shipped
+loading refuses a config whose architecture differs, naming the field. The model's
+optional inputs (`CONTEXT_LEVEL`) are the weights' own: recorded only when present, so
+files made before them load as they were. The shipped
 file lives in the `weights/` folder beside this module and is read without download.
 """
 
@@ -21,6 +23,7 @@ WEIGHTS_PACKAGE = "ardiff.pipelines.bouncing.weights"
 WEIGHTS_FILE = "bouncing.safetensors"
 STORED_DTYPE = torch.bfloat16   # halves the file; the pipeline computes in float32
 TRAIN_COMMAND = "python -m ardiff.pipelines.bouncing.train"
+CONTEXT_LEVEL = "context_level"  # metadata: the model takes its history's noise level
 
 
 def shipped_weights() -> Path:
@@ -34,7 +37,9 @@ def save_weights(model: BouncingDiT, path, metrics: dict | None = None) -> None:
 
     tensors = {k: v.detach().to("cpu", STORED_DTYPE).contiguous()
                for k, v in model.state_dict().items()}
-    save_file(tensors, str(path), metadata={"config": json.dumps(model.c.architecture()),
+    arch = {**model.c.architecture(),
+            **({CONTEXT_LEVEL: True} if model.context_level is not None else {})}
+    save_file(tensors, str(path), metadata={"config": json.dumps(arch),
                                             "metrics": json.dumps(metrics or {})})
 
 
@@ -44,14 +49,14 @@ def load_weights(c: BouncingConfig) -> BouncingDiT:
     Raises `ardiff.PipelineLoadError` when the file cannot be read and `ardiff.ConfigError`
     when its architecture is not `c`'s.
     """
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     path = c.weights or str(shipped_weights())
     try:
         with safe_open(path, framework="pt") as f:
             arch = json.loads(f.metadata()["config"])
             tensors = {k: f.get_tensor(k).float() for k in f.keys()}
-    except (OSError, KeyError, ValueError, RuntimeError) as exc:
+    except (OSError, KeyError, ValueError, RuntimeError, TypeError, SafetensorError) as exc:
         raise ardiff.PipelineLoadError(f"pipeline.args.weights: cannot read {path!r} "
                                        f"({type(exc).__name__}: {exc}); train weights with "
                                        f"`{TRAIN_COMMAND}`") from exc
@@ -60,6 +65,6 @@ def load_weights(c: BouncingConfig) -> BouncingDiT:
             raise ardiff.ConfigError(f"pipeline.args.{name}: {getattr(c, name)!r} does not match "
                                      f"the weights ({name}={arch.get(name)!r} in {path}); drop "
                                      f"the override or retrain with `{TRAIN_COMMAND}`")
-    model = BouncingDiT(c)
+    model = BouncingDiT(c, context_level=bool(arch.get(CONTEXT_LEVEL, False)))
     model.load_state_dict(tensors)
     return model

@@ -35,6 +35,10 @@ class BouncingConfig:
     sink_frames: int = 0
     context_frames: int = 4     # simulator start frames committed before the model takes over
     num_steps: int = 4
+    # History committed noised to this level (x = (1 - level) frame + level noise), the
+    # level given to a model that takes it (`BouncingDiT.context_level`): weights trained
+    # on noised history run with a small fixed level. 0: clean history, as trained before.
+    context_noise: float = 0.0
     upscale: int = 8            # nearest-neighbour: 32 px -> 256 px video
     session_capacity: int = 8
     max_frames: int = 1_000_000
@@ -46,7 +50,8 @@ class BouncingConfig:
                  ((self.dim // max(self.num_heads, 1)) % 8 == 0, "dim",
                   "such that dim / num_heads is a multiple of 8 (3-axis RoPE)"),
                  (self.context_frames >= 1, "context_frames", ">= 1"),
-                 (self.upscale >= 1, "upscale", ">= 1")]
+                 (self.upscale >= 1, "upscale", ">= 1"),
+                 (0 <= self.context_noise < 1, "context_noise", "in [0, 1)")]
         for ok, name, rule in rules:
             if not ok:
                 raise ardiff.ConfigError(f"pipeline.args.{name}: {getattr(self, name)!r} "

@@ -117,9 +117,12 @@ class BouncingDiT(nn.Module):
     """The denoiser: predicts clean frames (pixels in [-1, 1]) from noisy ones and context.
 
     Parameters are created in a fixed order (the training script seeds the init).
+    With `context_level` (an optional input; weights without it load and run as before) a
+    clean history frame's conditioning also carries the noise level it was committed at
+    (`conditioning(t, level)`): the model trained on noised history knows how noisy it is.
     """
 
-    def __init__(self, c: BouncingConfig) -> None:
+    def __init__(self, c: BouncingConfig, context_level: bool = False) -> None:
         super().__init__()
         self.c = c
         self.patches = Patches(RGB_CHANNELS, c.patch, c.grid)
@@ -132,12 +135,23 @@ class BouncingDiT(nn.Module):
         self.final = AdaLN(c.dim, num_sets=1, gated=False, zero_init=True)
         self.final_norm = nn.LayerNorm(c.dim, elementwise_affine=False)
         self.rotary = RotaryEmbedding(c.head_size, c.grid)
+        # Created last, so the parameters before it are drawn as without it.
+        self.context_level = TimestepEmbedding(c.dim) if context_level else None
+        if self.context_level is not None:   # starts as no change to the conditioning
+            nn.init.zeros_(self.context_level[2].weight)
+            nn.init.zeros_(self.context_level[2].bias)
 
-    def conditioning(self, t: torch.Tensor) -> Conditioning:
-        """Noise levels t [B, S] -> the modulations they set. Depends on t alone, so a
-        sampler may compute it once per level."""
+    def conditioning(self, t: torch.Tensor, level: torch.Tensor | None = None) -> Conditioning:
+        """Noise levels t [B, S] (and, for a model with `context_level`, the context noise
+        levels [B, S]: a clean history slot's, 0 for a noisy slot; None: 0) -> the
+        modulations they set. Depends on its arguments alone, so a sampler may compute it
+        once per level."""
         b, s = t.shape
-        cond = F.silu(self.time(t.flatten())).reshape(b, s, 1, self.c.dim)
+        emb = self.time(t.flatten())
+        if self.context_level is not None:
+            level = torch.zeros_like(t) if level is None else level
+            emb = emb + self.context_level(level.flatten())
+        cond = F.silu(emb).reshape(b, s, 1, self.c.dim)
         # Layers first, then the final: the order autograd sums their gradients into `cond`.
         layers = [layer.modulation(cond) for layer in self.layers]
         (final,) = self.final(cond)
@@ -203,10 +217,11 @@ class BouncingDiT(nn.Module):
             h = layer.finish(h, out[:, None], mods)
         return h
 
-    def forward_frames(self, frames, t, actions, positions, noisy):
+    def forward_frames(self, frames, t, actions, positions, noisy, level=None):
         """A block-causal pass over clips. frames [B, S, 3, size, size] at noise levels
         t [B, S] with actions [B, S]; positions [S] (absolute frame indices) and noisy [S]
-        (bool) describe the S slots: clean slots are history, noisy slots are predicted.
+        (bool) describe the S slots: clean slots are history, noisy slots are predicted;
+        `level` [B, S] the context noise levels (`conditioning`).
         Returns the clean prediction of every slot [B, S, 3, size, size]."""
         mask = self.frame_mask(positions, noisy)
 
@@ -217,7 +232,7 @@ class BouncingDiT(nn.Module):
                                                  attn_mask=mask)     # [B, heads, S*T, hs]
             return out.transpose(1, 2).unflatten(1, (len(positions), -1))
 
-        return self._run(frames, self.conditioning(t), self.frame_inputs(actions, positions),
+        return self._run(frames, self.conditioning(t, level), self.frame_inputs(actions, positions),
                          attend)
 
     def frame_mask(self, positions: torch.Tensor, noisy: torch.Tensor) -> torch.Tensor:
@@ -237,19 +252,23 @@ class BouncingDiT(nn.Module):
 
 @torch.inference_mode()
 def sample_next(model: BouncingDiT, history: torch.Tensor, actions: torch.Tensor,
-                start: int, noise: torch.Tensor, num_steps: int) -> torch.Tensor:
+                start: int, noise: torch.Tensor, num_steps: int,
+                history_level: float = 0.0) -> torch.Tensor:
     """The next frame after `history` [B, H, 3, s, s] (frames start..start+H-1) under
     actions [B, H + 1]: num_steps steps from noise [B, 3, s, s], as the pipeline samples,
-    through `forward_frames`. The history is encoded afresh, so its first frames see less
-    of the past than in a long KV-cache run."""
+    through `forward_frames`; `history_level`: the context noise level the history was
+    committed at (`BouncingDiT.conditioning`). The history is encoded afresh, so its first
+    frames see less of the past than in a long KV-cache run."""
     b, h = history.shape[:2]
     positions = torch.arange(start, start + h + 1)
     noisy = positions == start + h
+    level = torch.zeros(b, h + 1)
+    level[:, :-1] = history_level
 
     def predict_clean(x: torch.Tensor, t: float) -> torch.Tensor:
         t_slots = torch.zeros(b, h + 1)
         t_slots[:, -1] = t
         return model.forward_frames(torch.cat([history, x[:, None]], 1), t_slots, actions,
-                                    positions, noisy)[:, -1].clamp(-1, 1)
+                                    positions, noisy, level)[:, -1].clamp(-1, 1)
 
     return sample(noise, predict_clean, num_steps)

@@ -3,7 +3,8 @@
     blocks: `context_frames` start frames rendered by the simulator (seeded by
             request.seed, moved by the actions) are committed as clean history (a sink
             frame without the sprite: the balls' looks to keep); then each frame is sampled
-            in `num_steps` flow-matching steps (probes) and committed at t = 0
+            in `num_steps` flow-matching steps (probes) and committed at t = 0 (noised to
+            `context_noise` with seeded noise when that is set)
     video:  the 32 x 32 model frames, upscaled nearest-neighbour `upscale` times (1: not;
             `output.scale` then lets the video writer do it on its own thread)
     batch:  `generate_blocks` makes one frame of each of B sessions (each at its own
@@ -41,6 +42,12 @@ FRAMES_PER_BLOCK = 1   # an action takes effect in the very next frame
 CLEAN = 0.0            # the noise level of a committed frame
 
 
+def history_seed(seed: int) -> int:
+    """The noise stream of a committed frame's `context_noise` (negative: never a sampling
+    stream's, which are the seeds themselves)."""
+    return -1 - seed
+
+
 def to_video(x: torch.Tensor, upscale: int) -> torch.Tensor:
     """Frames [F, 3, size, size] in [-1, 1] -> uint8 [F, size*up, size*up, 3], nearest-neighbour."""
     rgb = ((x.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
@@ -64,7 +71,7 @@ class BouncingWorld(ardiff.ARDiffusionPipelineBase):
         self.model: BouncingDiT | None = None
         self.device, self.dtype = torch.device("cpu"), torch.float32
         self._worlds: dict[str, sim.SimState] = {}
-        self._levels: dict[float, Conditioning] = {}  # noise level -> model conditioning
+        self._levels: dict[tuple[float, float], Conditioning] = {}  # (t, level) -> conditioning
         self._compiler = None                          # set by compile_layers
 
     def ar_diffusion_kv_cache_spec(self) -> ardiff.ARDiffusionKVCacheSpec:
@@ -162,8 +169,10 @@ class BouncingWorld(ardiff.ARDiffusionPipelineBase):
         x = put(parts, len(requests))                  # [B, 1, 3, s, s]: the video
         committed = put(sinks, len(requests)) if any(f < self.config.sink_frames
                                                      for f in frames) else x
+        committed = self._history(committed, requests, frames)
         with states.block(BRANCH, commit=True) as blk:  # the clean frames become history
-            self.model.forward_blocks(committed, self._conditioning(CLEAN), inputs, blk)
+            self.model.forward_blocks(committed, self._conditioning(CLEAN, self.config.context_noise),
+                                      inputs, blk)
         video = to_video(x.flatten(0, 1), self.config.upscale).unflatten(0, x.shape[:2])
         return [ardiff.BlockOutput(frames=frames) for frames in video]
 
@@ -173,11 +182,23 @@ class BouncingWorld(ardiff.ARDiffusionPipelineBase):
             return None
         return request.num_steps or self.config.num_steps
 
-    def _conditioning(self, t: float) -> Conditioning:
-        """The model's conditioning for noise level t, computed once per level."""
-        if t not in self._levels:
-            self._levels[t] = self.model.conditioning(torch.full((1, 1), t, device=self.device))
-        return self._levels[t]
+    def _conditioning(self, t: float, level: float = 0.0) -> Conditioning:
+        """The model's conditioning for noise level t (and context noise `level`, which a
+        model without that input ignores), computed once per pair."""
+        if (t, level) not in self._levels:
+            t_level = [torch.full((1, 1), v, device=self.device) for v in (t, level)]
+            self._levels[t, level] = self.model.conditioning(*t_level)
+        return self._levels[t, level]
+
+    def _history(self, x: torch.Tensor, requests, frames: list[int]) -> torch.Tensor:
+        """The frames x [B, 1, 3, s, s] as committed: noised to `context_noise` with each
+        row's seeded noise (`history_seed`), or as they are when it is 0."""
+        level = self.config.context_noise
+        if not level:
+            return x
+        noise = rows_noise(tuple(x.shape[1:]), [history_seed(r.seed) for r in requests],
+                           frames, self.device, self.dtype)
+        return (1 - level) * x + level * noise
 
     def _start_frame(self, request, frame: int, action: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Frame `frame` of the simulator world named by the seed, moved by `action`: as

@@ -13,6 +13,11 @@ against drift that ../README.md's experiment log measures, each a switch of `Dri
             faded by up to JITTER_FADE (a frame that drifted in looks); targets stay true
     own     history frames replaced, each with probability `own`, by the model's own one-step
             prediction of them from the true frames before (the errors it makes); targets true
+    rollout the history rolled out by the model itself over 4..`rollout` frames before the
+            first noised copy, in half the clips, without gradient (`rollout.py`); no sink
+    context_noise  every history frame noised to its own level drawn from U(0, context_noise),
+            the level given to the model (GameNGen's noise augmentation; the model gains its
+            `context_level` input); the pipeline then commits history at a small fixed level
 
     slots:  [ sink? | CLIP history frames (true, jittered or own) | NOISY noised copies of the
               last NOISY true frames ]   under `forward_frames`' block-causal mask
@@ -27,6 +32,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+import ardiff
 from ardiff.pipelines.bouncing import sim
 from ardiff.pipelines.bouncing.model import BouncingDiT, pixels_to_model
 from ardiff.pipelines.bouncing.training.losses import (
@@ -37,6 +43,7 @@ from ardiff.pipelines.bouncing.training.losses import (
     sample_levels,
     weighted_error,
 )
+from ardiff.pipelines.bouncing.training.rollout import own_rollout, rollout_length
 
 JITTER_SIZE = 0.15         # a jittered ball's radius x U(1 - this, 1 + this)
 JITTER_COLOUR = 0.1        # ... its colour x U(1 - this, 1 + this) per channel
@@ -53,6 +60,13 @@ class DriftRecipe:
     sink: bool = False
     jitter: float = 0.0     # probability that a history frame is redrawn jittered
     own: float = 0.0        # probability that it is the model's own one-step prediction
+    context_noise: float = 0.0   # history noise levels drawn from U(0, this), given to the model
+    rollout: int = 0        # own-rollout history of up to this many frames (0: none)
+
+    def __post_init__(self) -> None:
+        if self.rollout and self.sink:
+            raise ardiff.ConfigError("--rollout: an own-rollout history is trained without a "
+                                     "sink; drop --sink or --rollout")
 
 
 @dataclass
@@ -71,9 +85,13 @@ def drift_loss(model: BouncingDiT, recipe: DriftRecipe, rng: np.random.Generator
                gen: torch.Generator, batch: int) -> torch.Tensor:
     """The weighted x0 loss of NOISY noised copies of a fresh clip's last true frames, each
     seeing the history `recipe` makes."""
-    clip = make_clip(rng, batch, clip_length(recipe), recipe)
+    length = (rollout_length(recipe.window, recipe.rollout, rng) if recipe.rollout
+              else clip_length(recipe))
+    clip = make_clip(rng, batch, length, recipe)
     if recipe.own:
         clip = own_history(model, clip, recipe.own, gen)
+    if recipe.rollout:
+        clip = own_rollout(model, clip, gen)
     b, length = clip.true.shape[:2]
     target = clip.true[:, length - NOISY:]
     t = sample_levels(gen, (b, NOISY))
@@ -81,10 +99,26 @@ def drift_loss(model: BouncingDiT, recipe: DriftRecipe, rng: np.random.Generator
     positions = torch.cat([clip.positions, clip.positions[slots - NOISY:]])
     is_noisy = torch.zeros(len(positions), dtype=torch.bool)
     is_noisy[slots:] = True
-    return weighted_error(model, torch.cat([clip.history, noised(target, t, gen)], 1),
+    history, level = clip.history, None
+    if recipe.context_noise:
+        history_level = recipe.context_noise * torch.rand(b, slots, generator=gen)
+        history = noised(history, history_level, gen)
+        level = torch.cat([history_level, torch.zeros(b, NOISY)], 1)
+    return weighted_error(model, torch.cat([history, noised(target, t, gen)], 1),
                           torch.cat([torch.zeros(b, slots), t], 1),
                           torch.cat([clip.actions, clip.actions[:, slots - NOISY:]], 1),
-                          positions, is_noisy, target, t)
+                          positions, is_noisy, target, t, level)
+
+
+def with_context_level(model: BouncingDiT) -> BouncingDiT:
+    """`model` given the `context_level` input (zero at first: the same predictions), its
+    other weights kept; `model` itself when it has one."""
+    if model.context_level is not None:
+        return model
+    grown = BouncingDiT(model.c, context_level=True)
+    missing, unexpected = grown.load_state_dict(model.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith("context_level.") for k in missing), missing
+    return grown
 
 
 def clip_length(recipe: DriftRecipe) -> int:

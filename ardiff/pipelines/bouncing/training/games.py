@@ -30,6 +30,7 @@ import ardiff
 from ardiff.pipelines.bouncing import sim
 from ardiff.pipelines.bouncing.config import BouncingConfig
 from ardiff.pipelines.bouncing.training import locator
+from ardiff.pipelines.bouncing.training.cli import Parser, natural_int, positive_int, run
 
 log = logging.getLogger(__name__)  # the report; `main` shows it on stdout
 
@@ -139,17 +140,26 @@ def report(metrics: dict[str, float]) -> str:
         f"games never losing it                 {m['games_never_losing_it']:.2f}"])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="How long the steered sprite lasts in "
-                                                 "games of the embedded default config.")
-    parser.add_argument("--games", type=int, default=GAMES)
-    parser.add_argument("--frames", type=int, default=GAME_FRAMES)
-    parser.add_argument("--world", type=int, help="play every game in this world (a seed)")
+def parser() -> Parser:
+    parser = Parser(prog="python -m ardiff.pipelines.bouncing.training.games",
+                    description="How long the steered sprite lasts in games of the embedded "
+                                "default config.")
+    parser.add_argument("--games", type=positive_int, default=GAMES)
+    parser.add_argument("--frames", type=positive_int, default=GAME_FRAMES)
+    parser.add_argument("--world", type=natural_int, help="play every game in this world (a seed)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override, as `ardiff play --set` takes it")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
+    run(lambda: play_and_report(args))
+
+
+def play_and_report(args: argparse.Namespace) -> None:
     metrics = playability(args.games, args.frames, args.set, args.world)
     log.info(report(metrics))
     if args.json:

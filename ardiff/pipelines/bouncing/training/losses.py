@@ -40,10 +40,11 @@ def simulated_batch(rng: np.random.Generator, batch: int, length: int):
 
 
 def weighted_error(model: BouncingDiT, frames, t_slots, actions, positions, noisy,
-                    targets, t) -> torch.Tensor:
-    """The weighted loss of the noisy slots (the last t.shape[1]) against targets."""
+                    targets, t, level=None) -> torch.Tensor:
+    """The weighted loss of the noisy slots (the last t.shape[1]) against targets; `level`
+    [B, S]: the history slots' context noise levels (`BouncingDiT.conditioning`)."""
     with torch.autocast("cpu", dtype=AUTOCAST_DTYPE):
-        pred = model.forward_frames(frames, t_slots, actions, positions, noisy)
+        pred = model.forward_frames(frames, t_slots, actions, positions, noisy, level)
     pred = pred[:, -t.shape[1]:]
     error = (pred.float() - targets).pow(2).mean(dim=(2, 3, 4))      # [B, noisy slots]
     return (error / t.clamp(min=MIN_WEIGHT_T) ** 2).mean()

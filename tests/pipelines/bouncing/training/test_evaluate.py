@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from numerics import assert_video_close
 
+import ardiff
 from ardiff.pipelines.bouncing import sim
 from ardiff.pipelines.bouncing.training import evaluate
 
@@ -23,6 +24,13 @@ pytestmark = pytest.mark.usefixtures("restore_threads")
 def without_sprite(state: sim.SimState) -> np.ndarray:
     """The worlds' frames with the sprite moved off the picture."""
     return sim.render(replace(state, sprite=np.full_like(state.sprite, -sim.SIZE)))
+
+
+def test_a_world_has_the_same_game_in_any_range_of_worlds():
+    _, _, actions, frames = evaluate.player_games(4, 12)
+    seeds, _, later, later_frames = evaluate.player_games(2, 12, first=2)
+    assert seeds == [2, 3] and np.array_equal(later, actions[2:])
+    assert np.array_equal(later_frames, frames[2:])
 
 
 def test_games_are_the_worlds_rollout_starts_from_with_a_players_keys():
@@ -87,7 +95,8 @@ def test_balls_kept_counts_a_ball_that_vanishes_as_lost():
 
 
 def test_evaluate_prints_every_number_from_the_runtime():
-    metrics = evaluate.evaluate(worlds=2, clips=16, frames=32)
+    metrics = evaluate.evaluate(worlds=2, clips=16, frames=32, horizon_worlds=1,
+                                horizon_frames=50)
     assert metrics["num_steps"] == 4 and metrics["worlds"] == 2 and metrics["frames"] == 32
     assert 0 < metrics["next_frame_mse_sampled"] < metrics["copy_last_frame_mse"] / 2
     assert 0 < metrics["ball_position_error_px"] <= evaluate.MISSING_PX
@@ -95,8 +104,11 @@ def test_evaluate_prints_every_number_from_the_runtime():
     for name in ("sprite_visible_frames", "sprite_visible_at_end", "balls_kept_30"):
         assert 0 <= metrics[name] <= 1
     assert metrics["sim_balls_kept_30"] > 0.5 and "balls_kept_96" not in metrics
+    assert metrics["horizon_worlds"] == 1 and metrics["sim_horizon_share"] == 1.0
+    assert metrics["horizon_share"] in (0.0, 1.0)           # one scored frame
     lines = evaluate.report(metrics).splitlines()
-    assert lines[0].split()[:3] == ["games", "2", "worlds"] and len(lines) == 11
+    assert lines[0].split()[:3] == ["games", "2", "worlds"] and len(lines) == 12
+    assert lines[-1].startswith("long horizon (1 x 50 frames)")
 
 
 def test_batched_games_are_the_one_session_games():
@@ -108,16 +120,16 @@ def test_batched_games_are_the_one_session_games():
 
 
 def test_pipeline_args_reach_the_runtime():
-    one = evaluate.evaluate(worlds=1, clips=4, frames=16, num_steps=1)
+    one = evaluate.evaluate(worlds=1, clips=4, frames=16, horizon_worlds=0, num_steps=1)
     assert one["num_steps"] == 1
-    four = evaluate.evaluate(worlds=1, clips=4, frames=16)
+    four = evaluate.evaluate(worlds=1, clips=4, frames=16, horizon_worlds=0)
     assert one["next_frame_mse_sampled"] != four["next_frame_mse_sampled"]
     assert one["ball_position_error_px"] != four["ball_position_error_px"]
 
 
 def test_set_names_a_pipeline_arg():
     assert evaluate.pipeline_arg("window_frames=6") == ("window_frames", 6)
-    with pytest.raises(SystemExit, match=r"--set: 'windows=6' is not FIELD=VALUE"):
+    with pytest.raises(ardiff.ConfigError, match=r"--set: 'windows=6' is not FIELD=VALUE"):
         evaluate.pipeline_arg("windows=6")
 
 
