@@ -13,10 +13,12 @@ so (`FROM_CONFIG`), the others show their default.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import click
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+
+if TYPE_CHECKING:  # annotations only: Typer vendors click (typer._click), which may be absent
+    import click
 
 FROM_CONFIG = "from the config"  # show_default= of a flag that overrides a config key
 
