@@ -153,7 +153,9 @@ def plain_video(seed: int, actions: list[str], frames: int, kernel: str | None =
                    "--quiet", "--set", f"rollout.seed={seed}", "--set",
                    f"rollout.frames={frames}", "--set", f"rollout.actions={json.dumps(actions)}",
                    "--set", "output.scale=1", "--set", f"pipeline.args.cpu_threads={threads}"]
-        subprocess.run(command, env=env, check=True)
+        # cwd: `python -c` puts the working directory first on sys.path, where a source
+        # checkout's ardiff would shadow the installed one.
+        subprocess.run(command, env=env, check=True, cwd=folder)
         return np.load(out).transpose(0, 3, 1, 2).astype(np.float32) / 255
 
 
