@@ -110,6 +110,7 @@ def assert_the_game_is_kept(folder: Path) -> None:
     assert sorted(path.name for path in folder.iterdir()) == ["game.actions.yaml", "game.npy"]
 
 
+@pytest.mark.heavy  # seconds of end-to-end waiting: keeps pytest -q under 90 s
 @pytest.mark.slow
 def test_closing_the_terminal_ends_the_game_as_sighup_does(tmp_path):
     """The window closed or ssh dropped while SIGHUP does not reach ardiff (`nohup`, or

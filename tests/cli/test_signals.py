@@ -132,6 +132,7 @@ def test_sigterm_to_the_process_group_finishes_the_mp4_and_the_stats(tmp_path):
     assert stats["frames"]["written"] < 400
 
 
+@pytest.mark.heavy  # seconds of end-to-end waiting: keeps pytest -q under 90 s
 @pytest.mark.slow
 def test_a_second_signal_while_the_file_is_finished_waits_for_it(tmp_path):
     marker, finalising, release = tmp_path / "blocks", tmp_path / "finalising", tmp_path / "go"
@@ -336,6 +337,7 @@ def assert_finished_blocks_kept(folder: Path, frames: int, status: str = "interr
     return stats
 
 
+@pytest.mark.heavy  # seconds of end-to-end waiting: keeps pytest -q under 90 s
 @pytest.mark.slow
 def test_a_block_stuck_in_a_blocking_call_is_taken_over_after_the_second_signal(tmp_path):
     code, lines = stop_twice_while_stuck(tmp_path, wait_for_first=False, fault="hang",

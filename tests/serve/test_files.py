@@ -82,6 +82,7 @@ def test_asking_for_the_video_again_and_again_reuses_its_segments(serve_app, tmp
     server.http.delete(f"/v1/sessions/{session}")
 
 
+@pytest.mark.heavy  # seconds of end-to-end waiting: keeps pytest -q under 90 s
 def test_a_video_request_racing_the_close_is_a_404_never_a_500(serve_app, wait_until):
     server = serve_app()
     for _ in range(3):

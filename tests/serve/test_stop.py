@@ -28,6 +28,7 @@ REASON = ("stopped: a forward still ran 1 s after the stop (serve.stop_timeout_s
           "session failed with it")
 
 
+@pytest.mark.heavy  # seconds of end-to-end waiting: keeps pytest -q under 90 s
 def test_a_stuck_forward_fails_its_sessions_and_the_stop_ends(serve_app, frames_of,
                                                               wait_until, tmp_path):
     server = serve_app(["serve.stop_timeout_s=1", "serve.keep_videos=true",
