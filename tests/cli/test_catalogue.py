@@ -205,7 +205,7 @@ def test_the_whole_catalogue_shows_no_traceback_and_creates_no_file(outcomes):
     assert {outcome.exit_code for outcome in runs} <= {1, 2, 3}
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # a fresh process per case (3 s each): keeps pytest -q under 90 s
 @pytest.mark.parametrize("case", SUBPROCESS, ids=lambda case: case.id)
 def test_the_installed_command_says_the_same(case, outcomes, tmp_path):
     if not can_run(case):

@@ -82,7 +82,7 @@ def test_a_lost_terminal_ends_the_tick_idle_and_asks_to_stop():
     assert pacer.choose(0) == ("left",) and lost == [1]    # ended at once
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # a game and its replay (5 s): keeps pytest -q under 90 s
 def test_a_played_game_replays_frame_for_frame(ardiff_main, tmp_path):
     steps = [Wait("frame "), Keys(b"a", 0.3), Keys(b"\x1b[C", 0.3), Keys(b"w", 0.3),
              Keys(b"q", 0.2)]
